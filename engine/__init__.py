@@ -1,0 +1,31 @@
+"""The nxctl torch engine: `from engine import LLM, SamplingParams`. Knows nothing of HTTP, Typer or gates."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig, ModelConfig
+    from engine.llm_engine import LLM, Engine
+    from engine.outputs import RequestOutput
+    from engine.sampling_params import SamplingParams
+
+__all__ = ["LLM", "Engine", "EngineConfig", "ModelConfig", "RequestOutput", "SamplingParams"]
+
+_EXPORTS = {
+    "LLM": "engine.llm_engine",
+    "Engine": "engine.llm_engine",
+    "EngineConfig": "engine.config",
+    "ModelConfig": "engine.config",
+    "RequestOutput": "engine.outputs",
+    "SamplingParams": "engine.sampling_params",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import the public classes lazily, so `engine.loader` stays cheap to import."""
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")

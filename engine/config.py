@@ -1,0 +1,132 @@
+"""Model and engine configuration: one ModelConfig whatever the source (config.json or GGUF metadata)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.errors import InvalidRequestError, UnsupportedModelError
+
+SUPPORTED_ARCHITECTURES = ("llama",)
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The shape of a Llama-family model; invariants checked on construction."""
+
+    architecture: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    rope_theta: float
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.architecture not in SUPPORTED_ARCHITECTURES:
+            raise UnsupportedModelError(
+                f"unsupported architecture {self.architecture!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise UnsupportedModelError(f"num_heads {self.num_heads} is not a multiple of {self.num_kv_heads}")
+        if self.head_dim % 2:
+            raise UnsupportedModelError(f"head_dim {self.head_dim} must be even for RoPE")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def num_params(self) -> int:
+        """Parameter count (embeddings counted once when tied)."""
+        h, i = self.hidden_size, self.intermediate_size
+        per_layer = h * (self.q_size + 2 * self.kv_size) + self.q_size * h + 3 * h * i + 2 * h
+        head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        return self.vocab_size * h + self.num_layers * per_layer + h + head
+
+    def kv_bytes_per_token(self, dtype: torch.dtype = torch.float32) -> int:
+        """Bytes of K and V one token occupies across all layers."""
+        return 2 * self.num_layers * self.kv_size * dtype_bytes(dtype)
+
+    def weight_bytes(self, dtype: torch.dtype = torch.float32) -> int:
+        return self.num_params * dtype_bytes(dtype)
+
+
+def dtype_bytes(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    """'float32' / 'bfloat16' / 'float16' (or a torch.dtype) -> torch.dtype; InvalidRequestError otherwise."""
+    if isinstance(name, torch.dtype):
+        if name in DTYPES.values():
+            return name
+        raise InvalidRequestError(f"unsupported dtype {name}")
+    try:
+        return DTYPES[str(name).removeprefix("torch.")]
+    except KeyError:
+        raise InvalidRequestError(f"unsupported dtype {name!r}; choose one of {', '.join(DTYPES)}") from None
+
+
+def resolve_device(device: str) -> torch.device:
+    """'auto' picks CUDA when present, else CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as exc:
+        raise InvalidRequestError(f"unknown device {device!r}") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidRequestError("device 'cuda' requested but no CUDA device is available")
+    return dev
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine settings. The KV pool (num_kv_blocks x block_size tokens) is allocated up front."""
+
+    dtype: str = "float32"
+    device: str = "auto"
+    threads: int | None = None
+    batch_invariant: bool = True
+    block_size: int = 16
+    num_kv_blocks: int = 1024
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 512
+    prefill_chunk: int = 256
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        parse_dtype(self.dtype)
+        checks = {
+            "block_size": self.block_size,
+            "num_kv_blocks": self.num_kv_blocks,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "prefill_chunk": self.prefill_chunk,
+        }
+        for key, value in checks.items():
+            if not isinstance(value, int) or value < 1:
+                raise InvalidRequestError(f"{key} must be a positive integer, got {value!r}")
+        if self.threads is not None and self.threads < 1:
+            raise InvalidRequestError(f"threads must be >= 1, got {self.threads}")
+        if self.prefill_chunk % self.block_size:
+            raise InvalidRequestError("prefill_chunk must be a multiple of block_size")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return parse_dtype(self.dtype)

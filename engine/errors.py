@@ -1,0 +1,27 @@
+"""Typed exceptions the engine raises to Python callers; the CLI and HTTP seat turn them into one line / JSON."""
+
+from __future__ import annotations
+
+
+class NxError(Exception):
+    """Base class of every error nxctl reports to a user as a clear message."""
+
+
+class UnknownModelError(NxError, LookupError):
+    """A model name that is neither a named model, a model folder nor a .gguf file."""
+
+
+class ModelFileError(NxError):
+    """A model file or folder that is missing, unreadable or corrupt."""
+
+
+class UnsupportedModelError(NxError):
+    """A model whose architecture or tensor type the engine does not support."""
+
+
+class InvalidRequestError(NxError, ValueError):
+    """Bad request parameters: prompt longer than the context, max_tokens < 1, temperature < 0, ..."""
+
+
+class CapacityError(NxError):
+    """A request that could never fit the KV pool, or a model that could never fit the memory budget."""

@@ -1,0 +1,85 @@
+"""Model loading: named models, Hugging Face folders and GGUF files into one ModelConfig + weights + tokenizer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.config import ModelConfig
+from engine.errors import ModelFileError
+from engine.loader import gguf_file, hf_folder
+from engine.loader.sources import NAMED_MODELS, ModelSource, resolve_model
+from engine.loader.tokenizer import ChatTokenizer, IncrementalDetokenizer
+
+__all__ = [
+    "NAMED_MODELS",
+    "ChatTokenizer",
+    "IncrementalDetokenizer",
+    "LoadedModel",
+    "ModelSource",
+    "load_config",
+    "load_model",
+    "resolve_model",
+]
+
+
+@dataclass
+class LoadedModel:
+    """What a loader returns, whatever the source: config, float32 weights by HF name, tokenizer."""
+
+    source: ModelSource
+    config: ModelConfig
+    weights: dict[str, torch.Tensor]
+    tokenizer: ChatTokenizer
+
+
+def load_config(source: ModelSource | str | Path) -> ModelConfig:
+    """Read only the model's configuration (cheap: no tensor data is dequantized)."""
+    src = source if isinstance(source, ModelSource) else resolve_model(source)
+    if src.kind == "gguf":
+        return gguf_file.gguf_config(gguf_file.open_reader(src.path), src.name)
+    return hf_folder.folder_config(src.path)
+
+
+def load_model(source: ModelSource | str | Path) -> LoadedModel:
+    """Load config, weights and tokenizer; raises UnknownModelError / ModelFileError / UnsupportedModelError."""
+    src = source if isinstance(source, ModelSource) else resolve_model(source)
+    if src.kind == "gguf":
+        reader = gguf_file.open_reader(src.path)
+        config = gguf_file.gguf_config(reader, src.name)
+        tokenizer = gguf_file.gguf_tokenizer(reader, config)
+        weights = gguf_file.gguf_weights(reader, config, src.name)
+    else:
+        config = hf_folder.folder_config(src.path)
+        tokenizer = hf_folder.folder_tokenizer(src.path, config)
+        weights = hf_folder.folder_weights(src.path)
+    _check_weights(config, weights, src)
+    return LoadedModel(src, config, weights, tokenizer)
+
+
+def _check_weights(config: ModelConfig, weights: dict[str, torch.Tensor], src: ModelSource) -> None:
+    """Every tensor the forward needs is present with the shape the config implies."""
+    h, q, kv, i = config.hidden_size, config.q_size, config.kv_size, config.intermediate_size
+    expected = {"model.embed_tokens.weight": (config.vocab_size, h), "model.norm.weight": (h,)}
+    if not config.tie_word_embeddings:
+        expected["lm_head.weight"] = (config.vocab_size, h)
+    for n in range(config.num_layers):
+        p = f"model.layers.{n}."
+        expected |= {
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (q, h),
+            p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h),
+            p + "self_attn.o_proj.weight": (h, q),
+            p + "mlp.gate_proj.weight": (i, h),
+            p + "mlp.up_proj.weight": (i, h),
+            p + "mlp.down_proj.weight": (h, i),
+        }
+    for name, shape in expected.items():
+        if name not in weights:
+            raise ModelFileError(f"{src.name}: missing tensor {name}")
+        if tuple(weights[name].shape) != shape:
+            raise ModelFileError(f"{src.name}: tensor {name} has shape {tuple(weights[name].shape)}, expected {shape}")

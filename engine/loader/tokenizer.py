@@ -1,0 +1,106 @@
+"""Tokenizer and chat template: encode, decode, render messages as Hugging Face renders them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+from engine.errors import InvalidRequestError
+
+Message = dict[str, str]
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(message)
+
+
+@dataclass
+class ChatTokenizer:
+    """A `tokenizers.Tokenizer` plus the model's chat template and special tokens.
+
+    ``stop_token_ids``: end-of-sequence and end-of-turn tokens; generation stops on any of them.
+    """
+
+    tokenizer: Tokenizer
+    chat_template: str | None
+    bos_token: str | None = None
+    eos_token: str | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    _compiled: object = field(default=None, repr=False)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; special tokens written in the text are recognised, no BOS is added."""
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.tokenizer.token_to_id(token)
+
+    def apply_chat_template(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+        """Render messages with the model's template (sandboxed jinja2, trim_blocks and lstrip_blocks)."""
+        if not self.chat_template:
+            raise InvalidRequestError("this model has no chat template; use a raw completion")
+        for message in messages:
+            if not isinstance(message, dict) or "role" not in message or "content" not in message:
+                raise InvalidRequestError("each message needs a 'role' and a 'content'")
+        if self._compiled is None:
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = _raise_exception
+            self._compiled = env.from_string(self.chat_template)
+        try:
+            return self._compiled.render(  # type: ignore[attr-defined]
+                messages=list(messages),
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "",
+                eos_token=self.eos_token or "",
+            )
+        except TemplateError as exc:
+            raise InvalidRequestError(f"chat template rejected the messages: {exc}") from exc
+
+    def encode_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt))
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas that never split a UTF-8 character.
+
+    Text is emitted only up to the last complete character: a trailing U+FFFD (an incomplete byte
+    sequence) is held back until the next token completes it.
+    """
+
+    def __init__(self, tokenizer: ChatTokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._ids: list[int] = []
+        self._emitted = ""
+
+    @property
+    def text(self) -> str:
+        return self._emitted
+
+    def push(self, token_ids: Sequence[int]) -> str:
+        """Add tokens; return the new printable text (may be empty)."""
+        self._ids.extend(token_ids)
+        full = self._tokenizer.decode(self._ids)
+        stable = full.rstrip("\ufffd")
+        if not stable.startswith(self._emitted):
+            stable = full  # decoding changed earlier text (rare with byte-level BPE): emit what is new
+        delta = stable[len(self._emitted) :]
+        self._emitted = stable
+        return delta
+
+    def flush(self) -> str:
+        """Emit whatever is left at the end of generation (including a final replacement char)."""
+        full = self._tokenizer.decode(self._ids)
+        delta = full[len(self._emitted) :] if full.startswith(self._emitted) else ""
+        self._emitted = full
+        return delta

@@ -1,0 +1,108 @@
+"""The plain Llama-family forward over a contiguous KV cache: the yardstick the paged engine is checked against.
+
+Readable on purpose: RMSNorm, RoPE (rotate-half, the config's theta), grouped-query attention with a
+causal mask, SwiGLU, tied or untied head. No batching, no paging, no invariance tricks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.config import ModelConfig
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # x: [T, hidden]; computed in float32, cast back to x's dtype
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables for positions: each [T, head_dim] (the half-dim frequencies repeated twice)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    freqs = positions.float()[:, None] * inv_freq.to(positions.device)[None, :]  # [T, head_dim/2]
+    emb = torch.cat([freqs, freqs], dim=-1)  # [T, head_dim]
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [T, heads, head_dim]; cos/sin: [T, head_dim]
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x.float() * cos[:, None, :] + rotated.float() * sin[:, None, :]).to(x.dtype)
+
+
+@dataclass
+class ContiguousCache:
+    """K and V for every layer, one contiguous buffer per layer: [max_len, kv_heads, head_dim]."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    length: int = 0
+
+
+class ReferenceLlama:
+    """Llama forward over a contiguous cache; one sequence at a time."""
+
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device):
+        self.config = config
+        self.dtype = dtype
+        self.device = device
+        self.w = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
+        self.lm_head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])
+
+    def new_cache(self, max_len: int) -> ContiguousCache:
+        c = self.config
+        shape = (max_len, c.num_kv_heads, c.head_dim)
+        make = lambda: torch.zeros(shape, dtype=self.dtype, device=self.device)  # noqa: E731
+        return ContiguousCache([make() for _ in range(c.num_layers)], [make() for _ in range(c.num_layers)])
+
+    @torch.inference_mode()
+    def forward(self, token_ids: list[int], cache: ContiguousCache) -> torch.Tensor:
+        """Run ``token_ids`` after what ``cache`` holds; append their K/V; return logits [T, vocab] (float32)."""
+        c = self.config
+        start, count = cache.length, len(token_ids)
+        ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
+        x = self.w["model.embed_tokens.weight"][ids]  # [T, hidden]
+        positions = torch.arange(start, start + count, device=self.device)
+        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta)
+        group = c.num_heads // c.num_kv_heads
+        mask = torch.ones(count, start + count, dtype=torch.bool, device=self.device).tril(start)
+        for n in range(c.num_layers):
+            p = f"model.layers.{n}."
+            h = rms_norm(x, self.w[p + "input_layernorm.weight"], c.rms_norm_eps)
+            q = F.linear(h, self.w[p + "self_attn.q_proj.weight"]).view(count, c.num_heads, c.head_dim)
+            k = F.linear(h, self.w[p + "self_attn.k_proj.weight"]).view(count, c.num_kv_heads, c.head_dim)
+            v = F.linear(h, self.w[p + "self_attn.v_proj.weight"]).view(count, c.num_kv_heads, c.head_dim)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            cache.keys[n][start : start + count] = k
+            cache.values[n][start : start + count] = v
+            keys = cache.keys[n][: start + count].repeat_interleave(group, dim=1)  # [S, heads, d]
+            values = cache.values[n][: start + count].repeat_interleave(group, dim=1)
+            attn = F.scaled_dot_product_attention(
+                q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1), attn_mask=mask
+            )  # [heads, T, d]
+            x = x + F.linear(attn.transpose(0, 1).reshape(count, c.q_size), self.w[p + "self_attn.o_proj.weight"])
+            h = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
+            gate = F.linear(h, self.w[p + "mlp.gate_proj.weight"])
+            up = F.linear(h, self.w[p + "mlp.up_proj.weight"])
+            x = x + F.linear(F.silu(gate) * up, self.w[p + "mlp.down_proj.weight"])
+        cache.length = start + count
+        x = rms_norm(x, self.w["model.norm.weight"], c.rms_norm_eps)
+        return F.linear(x, self.lm_head).float()
+
+    def greedy(self, prompt_ids: list[int], max_new_tokens: int, stop_ids: tuple[int, ...] = ()) -> list[int]:
+        """Greedy continuation of ``prompt_ids`` (stops after a stop token, which is included)."""
+        cache = self.new_cache(len(prompt_ids) + max_new_tokens)
+        logits = self.forward(prompt_ids, cache)
+        out: list[int] = []
+        for _ in range(max_new_tokens):
+            token = int(logits[-1].argmax())
+            out.append(token)
+            if token in stop_ids:
+                break
+            logits = self.forward([token], cache)
+        return out

@@ -1,0 +1,144 @@
+"""The gate framework: checks, negative controls, verdicts and the status TSV.
+
+A gate is a set of checks (expected vs observed) plus negative controls: a deliberately broken input
+that a check must catch (the "liar-kill"). A gate is GREEN only when every check holds and every
+negative control is caught. Each run writes ``<status-dir>/<gate>.tsv`` with the header
+``check  kind  verdict  expected  observed  detail``; ``kind`` is ``check`` or ``neg``; a row's verdict
+is GREEN when its check holds (``check``) or its broken input was caught (``neg``).
+
+Negative controls' detection can be switched off (``blind``) so that tests can prove a gate turns RED
+when a control is no longer caught: a blinded control reports "not caught" whatever its detector saw.
+"""
+
+from __future__ import annotations
+
+import csv
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+GREEN = "GREEN"
+RED = "RED"
+TSV_HEADER = ("check", "kind", "verdict", "expected", "observed", "detail")
+
+RowKind = Literal["check", "neg"]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of a gate's status TSV."""
+
+    check: str
+    kind: RowKind
+    ok: bool
+    expected: str
+    observed: str
+    detail: str = ""
+
+    @property
+    def verdict(self) -> str:
+        return GREEN if self.ok else RED
+
+    def cells(self) -> tuple[str, ...]:
+        clean = [str(c).replace("\t", " ").replace("\n", " ") for c in (self.expected, self.observed, self.detail)]
+        return (self.check, self.kind, self.verdict, *clean)
+
+
+@dataclass
+class GateRun:
+    """Collects the rows of one gate run. Mutated by the gate's body through ``check`` and ``negative``."""
+
+    gate: str
+    blind: frozenset[str] = frozenset()
+    rows: list[Row] = field(default_factory=list)
+
+    def check(self, check_id: str, ok: bool, expected: object, observed: object, detail: str = "") -> bool:
+        """Record a check; returns whether it holds."""
+        self.rows.append(Row(check_id, "check", bool(ok), str(expected), str(observed), detail))
+        return bool(ok)
+
+    def negative(self, check_id: str, caught: bool, observed: object, detail: str = "") -> bool:
+        """Record a negative control: ``caught`` is what the detector saw on the broken input."""
+        if check_id in self.blind:
+            caught, detail = False, f"detection disabled (blind); {detail}".rstrip("; ")
+        self.rows.append(Row(check_id, "neg", bool(caught), "caught", str(observed), detail))
+        return bool(caught)
+
+    def sees(self, check_id: str) -> bool:
+        """Whether the detector of negative control ``check_id`` is switched on."""
+        return check_id not in self.blind
+
+    def error(self, check_id: str, exc: BaseException) -> None:
+        """Record a check that could not run: an exception is a RED row, never a silent pass."""
+        self.rows.append(Row(check_id, "check", False, "runs", f"error: {type(exc).__name__}", str(exc)[:300]))
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A registered gate: its name, its stable check ids and its body."""
+
+    name: str
+    summary: str
+    checks: tuple[str, ...]
+    body: Callable[[GateRun], None]
+
+    @property
+    def check_ids(self) -> tuple[str, ...]:
+        return self.checks
+
+
+@dataclass(frozen=True)
+class GateResult:
+    gate: str
+    rows: tuple[Row, ...]
+    seconds: float
+    tsv_path: Path | None
+
+    @property
+    def green(self) -> bool:
+        return bool(self.rows) and all(r.ok for r in self.rows)
+
+    @property
+    def verdict(self) -> str:
+        return GREEN if self.green else RED
+
+
+def write_tsv(path: Path, rows: Iterable[Row]) -> None:
+    """Write the status TSV (header first, one row per check or negative control)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f, delimiter="\t", lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
+        writer.writerow(TSV_HEADER)
+        for row in rows:
+            writer.writerow(row.cells())
+
+
+def read_tsv(path: Path) -> list[dict[str, str]]:
+    """Read a status TSV back as dicts keyed by the header. Raises FileNotFoundError when absent."""
+    with path.open(encoding="utf-8", newline="") as f:
+        return list(csv.DictReader(f, delimiter="\t"))
+
+
+def run_gate(gate: Gate, status_dir: Path | None = None, blind: Iterable[str] = ()) -> GateResult:
+    """Run one gate's body, write its TSV when ``status_dir`` is given, and return the result.
+
+    An exception escaping the body becomes a RED row, so a crashing gate can never read GREEN.
+    Every declared check id that produced no row is reported RED as ``missing``.
+    """
+    run = GateRun(gate.name, frozenset(blind))
+    started = time.perf_counter()
+    try:
+        gate.body(run)
+    except Exception as exc:  # noqa: BLE001 - a gate that crashes is RED, with the reason in its TSV
+        run.error(f"{gate.name}.body", exc)
+    seen = {r.check for r in run.rows}
+    for check_id in gate.checks:
+        if check_id not in seen:
+            run.rows.append(Row(check_id, "check", False, "reported", "missing", "the gate produced no row"))
+    tsv = None
+    if status_dir is not None:
+        tsv = Path(status_dir) / f"{gate.name}.tsv"
+        write_tsv(tsv, run.rows)
+    return GateResult(gate.name, tuple(run.rows), time.perf_counter() - started, tsv)
