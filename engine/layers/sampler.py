@@ -1,0 +1,76 @@
+"""Per-request sampling: penalties, temperature, top-k, top-p, min-p, a per-request generator.
+
+Everything here is row-wise on one request's logits row [vocab], so a request's choice depends on
+its own logits, history and seed alone, never on its neighbours.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class Sample:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt: list[int], output: list[int]) -> torch.Tensor:
+    # logits: [vocab] float32 -> [vocab]
+    if not params.has_penalties:
+        return logits
+    logits = logits.clone()
+    vocab = logits.shape[0]
+    if params.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(prompt) | set(output)), dtype=torch.long)
+        seen = seen[seen < vocab]
+        picked = logits[seen]
+        logits[seen] = torch.where(picked > 0, picked / params.repetition_penalty, picked * params.repetition_penalty)
+    if output and (params.presence_penalty or params.frequency_penalty):
+        counts = torch.bincount(torch.tensor(output, dtype=torch.long), minlength=vocab)[:vocab].float()
+        logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).float()
+    return logits
+
+
+def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Probabilities after temperature, top-k, top-p and min-p: [vocab] float32."""
+    scaled = logits / params.temperature
+    if params.top_k and params.top_k < scaled.shape[0]:
+        kth = torch.topk(scaled, params.top_k).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        cumulative = torch.cumsum(sorted_probs, dim=-1)
+        drop = cumulative - sorted_probs > params.top_p  # keep the smallest prefix reaching top_p
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    if params.min_p > 0:
+        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
+    return probs / probs.sum()
+
+
+def sample(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator,
+    prompt: list[int],
+    output: list[int],
+) -> Sample:
+    """Choose the next token from one request's logits row [vocab] (float32)."""
+    logprobs = torch.log_softmax(logits, dim=-1)
+    processed = apply_penalties(logits, params, prompt, output)
+    if params.greedy:
+        token = int(torch.argmax(processed))
+    else:
+        token = int(torch.multinomial(filtered_probs(processed, params), 1, generator=generator))
+    top: list[tuple[int, float]] = []
+    if params.logprobs:
+        values, ids = torch.topk(logprobs, params.logprobs)
+        top = [(int(i), float(v)) for i, v in zip(ids, values, strict=True)]
+    return Sample(token, float(logprobs[token]), top)

@@ -1,0 +1,136 @@
+"""A real model's memory footprint, computed from its files and engine settings, never guessed.
+
+    total = weights + KV pool + activations
+    weights          = parameter count (from the model's config: tied embeddings counted once) x dtype bytes
+    KV pool          = num_kv_blocks x KV bytes per block (allocated up front, so known before any request)
+    KV bytes / block = 2 (K and V) x num_layers x num_kv_heads x head_dim x block_size x dtype bytes
+    activations      = a stated allowance (registry ``activation_mb``, CLI ``--activation-mb``)
+
+The KV pool's tokens (num_kv_blocks x block_size) bound the context, and so does the model's
+max_position_embeddings: ``context_tokens`` is the smaller of the two.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from engine.errors import InvalidRequestError
+from engine.mux.registry import DTYPE_BYTES, ModelSpec
+
+if TYPE_CHECKING:
+    from engine.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """The bytes one loaded model holds, by part."""
+
+    name: str
+    dtype: str
+    num_params: int
+    weight_bytes: int
+    block_size: int
+    num_kv_blocks: int
+    kv_bytes_per_block: int
+    activation_bytes: int
+    max_position_embeddings: int
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.num_kv_blocks * self.kv_bytes_per_block
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.kv_bytes + self.activation_bytes
+
+    @property
+    def held_bytes(self) -> int:
+        """Weights plus KV pool: the tensor bytes the loaded model owns (activations come and go)."""
+        return self.weight_bytes + self.kv_bytes
+
+    @property
+    def context_tokens(self) -> int:
+        return min(self.num_kv_blocks * self.block_size, self.max_position_embeddings)
+
+    def max_kv_blocks(self, budget_bytes: int) -> int:
+        """The most KV blocks that fit beside weights and activations under ``budget_bytes`` (0 if none)."""
+        room = budget_bytes - self.weight_bytes - self.activation_bytes
+        return max(room // self.kv_bytes_per_block, 0)
+
+    def max_context(self, budget_bytes: int) -> int:
+        """The largest context (tokens) that fits alone under ``budget_bytes``; 0 if the weights do not."""
+        return min(self.max_kv_blocks(budget_bytes) * self.block_size, self.max_position_embeddings)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "num_params": self.num_params,
+            "weight_bytes": self.weight_bytes,
+            "block_size": self.block_size,
+            "num_kv_blocks": self.num_kv_blocks,
+            "kv_bytes_per_block": self.kv_bytes_per_block,
+            "kv_bytes": self.kv_bytes,
+            "activation_bytes": self.activation_bytes,
+            "total_bytes": self.total_bytes,
+            "context_tokens": self.context_tokens,
+        }
+
+
+def dtype_size(dtype: str) -> int:
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise InvalidRequestError(
+            f"unsupported dtype {dtype!r}; choose one of {', '.join(DTYPE_BYTES)}"
+        ) from None
+
+
+def footprint_from_config(
+    config: ModelConfig,
+    dtype: str,
+    num_kv_blocks: int,
+    block_size: int,
+    activation_bytes: int,
+    name: str = "",
+) -> Footprint:
+    """The footprint of ``config`` as ``dtype``, its KV pool ``num_kv_blocks`` x ``block_size`` tokens."""
+    if num_kv_blocks < 1 or block_size < 1 or activation_bytes < 0:
+        raise InvalidRequestError(
+            "num_kv_blocks and block_size must be >= 1 and the activation allowance >= 0"
+        )
+    width = dtype_size(dtype)
+    kv_per_block = 2 * config.num_layers * config.num_kv_heads * config.head_dim * block_size * width
+    return Footprint(
+        name=name or config.name,
+        dtype=dtype,
+        num_params=config.num_params,
+        weight_bytes=config.num_params * width,
+        block_size=block_size,
+        num_kv_blocks=num_kv_blocks,
+        kv_bytes_per_block=kv_per_block,
+        activation_bytes=activation_bytes,
+        max_position_embeddings=config.max_position_embeddings,
+    )
+
+
+def footprint_of(
+    source: str, dtype: str, num_kv_blocks: int, block_size: int, activation_bytes: int, name: str = ""
+) -> Footprint:
+    """Read ``source``'s config from its files (a named model, a folder or a .gguf); compute its footprint."""
+    from engine.loader import load_config, resolve_model
+
+    resolved = resolve_model(source)
+    return footprint_from_config(
+        load_config(resolved), dtype, num_kv_blocks, block_size, activation_bytes, name or resolved.name
+    )
+
+
+def footprint_of_spec(spec: ModelSpec) -> Footprint:
+    """The footprint of a registry entry with a ``source``."""
+    if spec.source is None:
+        raise InvalidRequestError(f"model {spec.name!r} has a declared size, no files to measure")
+    return footprint_of(
+        spec.source, spec.dtype, spec.num_kv_blocks, spec.block_size, spec.activation_bytes, spec.name
+    )

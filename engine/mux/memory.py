@@ -1,0 +1,79 @@
+"""Measuring the memory a process holds, and giving freed memory back to the system.
+
+- ``rss_bytes``: resident set size now (Linux: /proc/self/statm; elsewhere psutil when installed);
+- ``cuda_allocated``: torch.cuda.memory_allocated() on every CUDA device, 0 without CUDA (never imports
+  torch itself: a process that never loaded torch has no CUDA tensors);
+- ``reclaim``: garbage-collect, empty torch's CUDA cache, and ask the C library to return freed heap
+  to the system (glibc ``malloc_trim(0)``; a no-op where the C library has no such call).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import os
+import sys
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+
+@dataclass(frozen=True)
+class MemorySample:
+    rss_bytes: int
+    cuda_bytes: int
+
+
+def rss_bytes() -> int:
+    """The process's resident set size in bytes; 0 where it cannot be measured."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except ImportError:
+        return 0
+
+
+def cuda_allocated() -> int:
+    """Bytes of CUDA tensors allocated by torch on every device (0 when torch or CUDA is absent)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return 0
+    return sum(torch.cuda.memory_allocated(d) for d in range(torch.cuda.device_count()))
+
+
+def sample() -> MemorySample:
+    return MemorySample(rss_bytes(), cuda_allocated())
+
+
+@cache
+def _malloc_trim() -> Any:
+    """glibc's malloc_trim, or None where the C library has none (musl, macOS, Windows)."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else ctypes.CDLL(None)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
+
+
+def reclaim() -> bool:
+    """Collect garbage, release torch's cached CUDA blocks and trim the C heap; True if malloc_trim ran."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True

@@ -1,0 +1,82 @@
+"""Per-request state: token ids, how many have their K/V computed, the block table, status."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.loader.tokenizer import IncrementalDetokenizer
+from engine.sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request inside the engine.
+
+    Invariants: ``num_computed_tokens <= num_tokens``; the block table covers every computed token;
+    a finished request holds no blocks. ``num_tokens - num_computed_tokens`` tokens still need a
+    forward; when none remain after a step, the request samples its next token.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator
+    detokenizer: IncrementalDetokenizer
+    max_total_tokens: int
+    arrival_time: float
+    arrival_seq: int
+    priority: int = 0
+    tenant: str = "default"
+    output_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    admitted_seq: int = 0
+    num_preemptions: int = 0
+    finish_reason: str | None = None
+    error: str | None = None
+    text: str = ""
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        assert self.prompt_token_ids, "a request needs at least one prompt token"
+        assert len(self.prompt_token_ids) < self.max_total_tokens
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_uncomputed(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        """One token left to compute and it is a generated one: a decode row."""
+        return self.num_uncomputed == 1 and bool(self.output_token_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def blocks_needed(self, upto_tokens: int, block_size: int) -> int:
+        """How many more blocks the table needs to hold ``upto_tokens`` tokens (pure)."""
+        return max(0, -(-upto_tokens // block_size) - len(self.block_table))
