@@ -7,6 +7,7 @@ import random
 import time
 import uuid
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass
 
 import torch
 
@@ -20,8 +21,21 @@ from engine.model_runner import ModelRunner
 from engine.models.llama import Faults, PagedLlama
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import Sequence, Status
+
+
+@dataclass
+class EngineStats:
+    """Counters over the engine's life, for gates, metrics and the bench (read-only to callers)."""
+
+    steps: int = 0
+    tokens_computed: int = 0
+    tokens_generated: int = 0
+    max_requests_in_step: int = 0
+    mixed_steps: int = 0  # steps that ran decodes and prefill chunks together
+    joins_mid_flight: int = 0  # requests admitted while others were already running
+    chunked_prompts: int = 0  # requests whose prompt took more than one step
 
 
 class Engine:
@@ -51,7 +65,7 @@ class Engine:
         self.runner = ModelRunner(self.model, self.kv)
         self.requests: dict[str, Sequence] = {}
         self._arrivals = itertools.count()
-        self.num_steps = 0
+        self.stats = EngineStats()
         self.stop_token_ids = frozenset(loaded.tokenizer.stop_token_ids)
 
     @property
@@ -118,7 +132,7 @@ class Engine:
         out = self.scheduler.schedule()
         if not out.scheduled:
             return []
-        self.num_steps += 1
+        self._count(out)
         logits, rows = self.runner.run(out)
         now = time.perf_counter()
         results: list[RequestOutput] = []
@@ -137,11 +151,26 @@ class Engine:
             results.append(self._output(seq))
         return results
 
+    def _count(self, out: SchedulerOutput) -> None:
+        st = self.stats
+        st.steps += 1
+        st.tokens_computed += out.num_tokens
+        st.max_requests_in_step = max(st.max_requests_in_step, len(out.scheduled))
+        sizes = [s.num_new_tokens for s in out.scheduled]
+        st.mixed_steps += 1 in sizes and any(n > 1 for n in sizes)
+        started = [s.seq for s in out.scheduled if s.seq.num_computed_tokens > s.seq.num_cached_tokens]
+        for item in out.scheduled:
+            seq = item.seq
+            if seq.num_computed_tokens == seq.num_cached_tokens and not seq.output_token_ids:
+                st.joins_mid_flight += any(other is not seq for other in started)
+                st.chunked_prompts += item.num_new_tokens < seq.num_uncomputed
+
     def _append_token(self, seq: Sequence, logits: torch.Tensor, now: float) -> None:
         if seq.request_id in self.faults.fail_requests:
             raise RuntimeError("injected failure")
         choice = sample(logits, seq.params, seq.generator, seq.prompt_token_ids, seq.output_token_ids)
         seq.output_token_ids.append(choice.token_id)
+        self.stats.tokens_generated += 1
         seq.logprobs.append(choice.logprob)
         if seq.params.logprobs:
             seq.top_logprobs.append(choice.top)

@@ -52,6 +52,7 @@ class GateRun:
 
     gate: str
     blind: frozenset[str] = frozenset()
+    status_dir: Path | None = None  # where this run's TSVs go; gates that read evidence read it here
     rows: list[Row] = field(default_factory=list)
 
     def check(self, check_id: str, ok: bool, expected: object, observed: object, detail: str = "") -> bool:
@@ -127,7 +128,7 @@ def run_gate(gate: Gate, status_dir: Path | None = None, blind: Iterable[str] = 
     An exception escaping the body becomes a RED row, so a crashing gate can never read GREEN.
     Every declared check id that produced no row is reported RED as ``missing``.
     """
-    run = GateRun(gate.name, frozenset(blind))
+    run = GateRun(gate.name, frozenset(blind), Path(status_dir) if status_dir is not None else None)
     started = time.perf_counter()
     try:
         gate.body(run)

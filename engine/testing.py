@@ -1,0 +1,48 @@
+"""Documented fault-injection hooks for the gates' negative controls.
+
+Negative controls break things only through these functions, never by reaching into private state.
+Each hook names what it breaks; the context managers undo it on exit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from engine.llm_engine import Engine
+
+
+def perturb_weight(engine: Engine, name: str, delta: float = 0.05, index: int = 0) -> None:
+    """Add ``delta`` to one element (flat ``index``) of weight ``name`` in place (permanent for this engine)."""
+    weight = engine.model.weight(name)
+    with torch.no_grad():
+        weight.view(-1)[index] += delta
+
+
+@contextmanager
+def batch_dependent_matmul(engine: Engine) -> Iterator[None]:
+    """While active, every linear is a deliberately batch-dependent matmul (its result shifts with M)."""
+    engine.faults.batch_dependent_matmul = True
+    try:
+        yield
+    finally:
+        engine.faults.batch_dependent_matmul = False
+
+
+@contextmanager
+def fail_requests(engine: Engine, *request_ids: str) -> Iterator[None]:
+    """While active, the named requests raise inside the step when they sample (others go on)."""
+    engine.faults.fail_requests.update(request_ids)
+    try:
+        yield
+    finally:
+        engine.faults.fail_requests.difference_update(request_ids)
+
+
+def swap_kv_block(engine: Engine, request_a: str, request_b: str, block_index: int = 0) -> None:
+    """Exchange the contents of block ``block_index`` of two running requests' block tables."""
+    table_a = engine.requests[request_a].block_table
+    table_b = engine.requests[request_b].block_table
+    engine.kv.swap_blocks(table_a[block_index], table_b[block_index])

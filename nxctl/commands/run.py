@@ -1,0 +1,63 @@
+"""`nxctl run MODEL [PROMPT]`: one chat turn (or a raw completion), tokens printed as they come."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Annotated
+
+import typer
+
+from engine.errors import NxError
+from engine.llm_engine import LLM
+from engine.sampling_params import SamplingParams
+from nxctl.commands.common import fail
+
+
+def stream_turn(
+    llm: LLM, prompt: str, params: SamplingParams, raw: bool, write: Callable[[str], object] = sys.stdout.write
+) -> str:
+    """Generate one turn, writing text deltas as they come; returns the whole text."""
+    tokenizer = llm.tokenizer
+    ids = tokenizer.encode(prompt) if raw else tokenizer.encode_chat([{"role": "user", "content": prompt}])
+    engine = llm.engine
+    request_id = engine.add_request(ids, params)
+    shown = ""
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.request_id != request_id:
+                continue
+            write(out.text[len(shown) :])
+            shown = out.text
+            sys.stdout.flush()
+            if out.finished and out.finish_reason == "error":
+                raise NxError(out.error or "generation failed")
+    engine.release_finished(request_id)
+    return shown
+
+
+def run(
+    model: Annotated[str, typer.Argument(help="A named model (smollm2, tiny), a model folder or a .gguf file.")],
+    prompt: Annotated[str | None, typer.Argument(help="The prompt; read from stdin when omitted.")] = None,
+    raw: Annotated[bool, typer.Option("--raw", help="A plain completion instead of a chat turn.")] = False,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens to generate.")] = 256,
+    temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
+    top_k: Annotated[int, typer.Option(help="Keep the k most likely tokens (0 = off).")] = 0,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass, in (0, 1].")] = 1.0,
+    seed: Annotated[int | None, typer.Option(help="Seed of this request's random stream.")] = None,
+    dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
+) -> None:
+    """One chat turn with a model, printed as it is generated."""
+    if prompt is None:
+        if sys.stdin.isatty():
+            fail("give a prompt, or pipe one on stdin")
+        prompt = sys.stdin.read()
+    if not prompt.strip():
+        fail("the prompt is empty")
+    try:
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        llm = LLM(model, dtype=dtype)
+        stream_turn(llm, prompt, params, raw)
+    except NxError as exc:
+        fail(str(exc))
+    typer.echo("")

@@ -1,0 +1,64 @@
+"""`nxctl model` and `nxctl run` through Typer's CliRunner: output, and one clear line for bad input."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from nxctl.cli import app
+
+runner = CliRunner()
+
+
+def test_model_list_names_both_models() -> None:
+    result = runner.invoke(app, ["model", "list"])
+    assert result.exit_code == 0
+    assert "smollm2" in result.stdout and "tiny" in result.stdout
+
+
+def test_model_info_tiny() -> None:
+    result = runner.invoke(app, ["model", "info", "tiny"])
+    assert result.exit_code == 0
+    for key in ("architecture", "parameters", "weight_bytes", "kv_bytes_per_token", "context_length"):
+        assert key in result.stdout
+    assert "1,024" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["model", "info", "nope"], "smollm2"),
+        (["model", "info", "/nonexistent/model.gguf"], "not found"),
+        (["run", "nope", "hi"], "unknown model"),
+        (["run", "tiny", "hi", "--max-tokens", "0"], "max_tokens"),
+        (["run", "tiny", "hi", "--temperature", "-1"], "temperature"),
+        (["run", "tiny", "hi", "--top-p", "0"], "top_p"),
+        (["run", "tiny", "hi", "--top-p", "1.5"], "top_p"),
+        (["run", "tiny", "hi", "--top-k", "-2"], "top_k"),
+        (["run", "tiny", "word " * 1100], "context"),
+    ],
+)
+def test_bad_input_is_one_clear_line(args: list[str], needle: str) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code != 0
+    assert "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0], result.stderr
+
+
+def test_run_tiny_prints_text() -> None:
+    result = runner.invoke(app, ["run", "tiny", "Hello", "--max-tokens", "8"])
+    assert result.exit_code == 0
+    assert result.stdout.strip()
+
+
+def test_run_reads_prompt_from_stdin() -> None:
+    result = runner.invoke(app, ["run", "tiny", "--raw", "--max-tokens", "4"], input="Once upon")
+    assert result.exit_code == 0
+
+
+@pytest.mark.smollm2
+def test_run_smollm2_paris() -> None:
+    result = runner.invoke(app, ["run", "smollm2", "What is the capital of France?", "--max-tokens", "32"])
+    assert result.exit_code == 0
+    assert "Paris" in result.stdout
