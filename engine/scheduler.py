@@ -163,6 +163,7 @@ class Scheduler:
         protected: set[int] = set()
         preempted: list[Sequence] = []
         self.on_preempt = preempted.append
+        self._yield_to_urgent()
         decodes = [s for s in self.running if s.is_decoding]
         prefills = [s for s in self.running if not s.is_decoding]
         for seq in decodes + prefills:
@@ -202,6 +203,19 @@ class Scheduler:
             protected.add(id(seq))
             scheduled.append(ScheduledRequest(seq, num_new))
             budget -= num_new
+
+    def _yield_to_urgent(self) -> None:
+        """Before scheduling, preempt less urgent running requests so the most urgent waiting one can
+        have a seat and the blocks of its first chunk (mutates)."""
+        if not self.waiting:
+            return
+        best = min(self.waiting, key=self._order_key)
+        need = -(-min(best.num_tokens, self.config.prefill_chunk) // self.pool.block_size)
+        while len(self.running) >= self.config.max_num_seqs or not self.pool.can_allocate(need):
+            victims = [s for s in self.running if s.priority > best.priority]
+            if not victims:
+                return
+            self._preempt(max(victims, key=self._victim_key))
 
     def _make_seat(self, seq: Sequence, protected: set[int]) -> bool:
         """Free a seat for a more urgent request by preempting a less urgent, unscheduled one."""

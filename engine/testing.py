@@ -46,3 +46,29 @@ def swap_kv_block(engine: Engine, request_a: str, request_b: str, block_index: i
     table_a = engine.requests[request_a].block_table
     table_b = engine.requests[request_b].block_table
     engine.kv.swap_blocks(table_a[block_index], table_b[block_index])
+
+
+@contextmanager
+def last_block_prefix_key(engine: Engine) -> Iterator[None]:
+    """While active, the prefix cache keys a block on its own tokens alone (no parent chain), so equal
+    blocks at different places collide: a deliberately broken cache key."""
+    from engine.kv.block_pool import chain_hash
+
+    saved = engine.pool.hash_fn
+    engine.pool.reset_prefix_cache()
+    engine.pool.hash_fn = lambda parent, tokens, model_key: chain_hash(None, tokens, model_key)
+    try:
+        yield
+    finally:
+        engine.pool.hash_fn = saved
+        engine.pool.reset_prefix_cache()
+
+
+@contextmanager
+def fcfs_scheduling(engine: Engine) -> Iterator[None]:
+    """While active, waiting requests of one priority are admitted first-come first-served (no VTC)."""
+    engine.scheduler.fair = False
+    try:
+        yield
+    finally:
+        engine.scheduler.fair = True

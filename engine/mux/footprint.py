@@ -13,6 +13,7 @@ max_position_embeddings: ``context_tokens`` is the smaller of the two.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import InvalidRequestError
@@ -20,6 +21,7 @@ from engine.mux.registry import DTYPE_BYTES, ModelSpec
 
 if TYPE_CHECKING:
     from engine.config import ModelConfig
+    from engine.loader import ModelSource
 
 
 @dataclass(frozen=True)
@@ -119,12 +121,24 @@ def footprint_of(
     source: str, dtype: str, num_kv_blocks: int, block_size: int, activation_bytes: int, name: str = ""
 ) -> Footprint:
     """Read ``source``'s config from its files (a named model, a folder or a .gguf); compute its footprint."""
-    from engine.loader import load_config, resolve_model
+    from engine.loader import resolve_model
 
     resolved = resolve_model(source)
+    files = sorted(resolved.path.glob("*")) if resolved.path.is_dir() else [resolved.path]
+    stamp = tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files if f.is_file())
+    config = _config(resolved, stamp)
     return footprint_from_config(
-        load_config(resolved), dtype, num_kv_blocks, block_size, activation_bytes, name or resolved.name
+        config, dtype, num_kv_blocks, block_size, activation_bytes, name or resolved.name
     )
+
+
+@lru_cache(maxsize=32)
+def _config(source: ModelSource, stamp: tuple[tuple[str, int, int], ...]) -> ModelConfig:
+    """A model's config, read once per version of its files (``stamp``: path, mtime, size of each file).
+    Reading a GGUF's metadata takes seconds; pools and plans ask for the same models again and again."""
+    from engine.loader import load_config
+
+    return load_config(source)
 
 
 def footprint_of_spec(spec: ModelSpec) -> Footprint:

@@ -103,9 +103,11 @@ class ModelPool:
         self.registry = registry
         self.device = device
         self._loader: Loader = loader or (lambda spec: load_llm(spec, device))
-        self._footprints: dict[int, Footprint] = {}
+        self._footprints = {m.id: footprint_of_spec(m) for m in registry.models if m.source is not None}
+        sizes = {m.id: registry.size_bytes(m.id) for m in registry.models if m.source is None}
+        sizes |= {m: f.total_bytes for m, f in self._footprints.items()}
         chosen = make_policy(policy) if isinstance(policy, str) else policy
-        self.manager = ResidencyManager(budget_bytes, registry.sizes(), chosen, registry.pinned())
+        self.manager = ResidencyManager(budget_bytes, sizes, chosen, registry.pinned())
         self._closed = False
         self._cond = threading.Condition()
         self._models: dict[int, Any] = {}
@@ -131,11 +133,8 @@ class ModelPool:
             return tuple(self.registry.get(m).name for m in self.manager.resident)
 
     def footprint(self, key: str | int) -> Footprint:
-        """The computed footprint of a registry entry (cached)."""
-        spec = self._spec(key)
-        if spec.id not in self._footprints:
-            self._footprints[spec.id] = footprint_of_spec(spec)
-        return self._footprints[spec.id]
+        """The computed footprint of a registry entry with a source."""
+        return self._footprints[self._spec(key).id]
 
     # ---- use ----------------------------------------------------------------------------------------
     @contextmanager
