@@ -9,7 +9,11 @@ import torch
 from engine.errors import InvalidRequestError, UnsupportedModelError
 
 SUPPORTED_ARCHITECTURES = ("llama",)
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,9 @@ class ModelConfig:
                 f"unsupported architecture {self.architecture!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
         if self.num_heads % self.num_kv_heads:
-            raise UnsupportedModelError(f"num_heads {self.num_heads} is not a multiple of {self.num_kv_heads}")
+            raise UnsupportedModelError(
+                f"num_heads {self.num_heads} is not a multiple of {self.num_kv_heads}"
+            )
         if self.head_dim % 2:
             raise UnsupportedModelError(f"head_dim {self.head_dim} must be even for RoPE")
 

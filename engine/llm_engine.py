@@ -56,9 +56,16 @@ class Engine:
         self.device = resolve_device(config.device)
         self.faults = Faults()
         self.model = PagedLlama(
-            loaded.config, loaded.weights, config.torch_dtype, self.device, config.batch_invariant, self.faults
+            loaded.config,
+            loaded.weights,
+            config.torch_dtype,
+            self.device,
+            config.batch_invariant,
+            self.faults,
         )
-        self.kv = KVCache(loaded.config, config.num_kv_blocks, config.block_size, config.torch_dtype, self.device)
+        self.kv = KVCache(
+            loaded.config, config.num_kv_blocks, config.block_size, config.torch_dtype, self.device
+        )
         self.pool = BlockPool(config.num_kv_blocks, config.block_size)
         model_key = f"{loaded.source.path}:{config.dtype}:{config.batch_invariant}"
         self.scheduler = Scheduler(config, self.pool, model_key)
@@ -89,7 +96,9 @@ class Engine:
         if any(t < 0 or t >= self.model_config.vocab_size for t in ids):
             raise InvalidRequestError(f"prompt token ids must be in [0, {self.model_config.vocab_size})")
         if len(ids) >= context:
-            raise InvalidRequestError(f"the prompt has {len(ids)} tokens; this model's context is {context} tokens")
+            raise InvalidRequestError(
+                f"the prompt has {len(ids)} tokens; this model's context is {context} tokens"
+            )
         total = min(len(ids) + params.max_tokens, context)
         if total > self.capacity_tokens:
             raise CapacityError(
@@ -239,7 +248,9 @@ class LLM:
         batch_invariant: bool = True,
         **engine_config: object,
     ):
-        self.config = EngineConfig(dtype=dtype, device=device, batch_invariant=batch_invariant, **engine_config)
+        self.config = EngineConfig(
+            dtype=dtype, device=device, batch_invariant=batch_invariant, **engine_config
+        )
         loaded = load_model(model)
         self.model_config: ModelConfig = loaded.config
         self.tokenizer: ChatTokenizer = loaded.tokenizer

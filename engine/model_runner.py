@@ -43,13 +43,17 @@ class ModelRunner:
             row0 = len(tokens)
             tokens.extend(all_ids[p] for p in span)
             positions.extend(span)
-            slots.extend(seq.block_table[p // self.block_size] * self.block_size + p % self.block_size for p in span)
+            slots.extend(
+                seq.block_table[p // self.block_size] * self.block_size + p % self.block_size for p in span
+            )
             if start + item.num_new_tokens == seq.num_tokens:
                 sample_of[id(seq)] = len(sample_rows)
                 sample_rows.append(row0 + item.num_new_tokens - 1)
         if decodes:
             tables = _block_tables([d.seq.block_table for d in decodes], device)
-            pos = torch.tensor([[d.seq.num_computed_tokens] for d in decodes], dtype=torch.long, device=device)
+            pos = torch.tensor(
+                [[d.seq.num_computed_tokens] for d in decodes], dtype=torch.long, device=device
+            )
             groups.append(AttentionGroup(0, len(decodes), 1, tables, pos))
         row = len(decodes)
         for item in chunks:

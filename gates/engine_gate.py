@@ -60,7 +60,9 @@ def _body(run: GateRun) -> None:
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
     first = [o.token_ids for o in llm.generate(prompts[:6], params)]
     second = [o.token_ids for o in llm.generate(prompts[:6], params)]
-    run.check("engine.greedy_repeat", first == second, "identical", "identical" if first == second else "differ")
+    run.check(
+        "engine.greedy_repeat", first == second, "identical", "identical" if first == second else "differ"
+    )
     run.check(
         "engine.blocks_returned",
         llm.engine.pool.num_free == llm.engine.pool.num_blocks,

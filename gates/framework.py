@@ -42,7 +42,9 @@ class Row:
         return GREEN if self.ok else RED
 
     def cells(self) -> tuple[str, ...]:
-        clean = [str(c).replace("\t", " ").replace("\n", " ") for c in (self.expected, self.observed, self.detail)]
+        clean = [
+            str(c).replace("\t", " ").replace("\n", " ") for c in (self.expected, self.observed, self.detail)
+        ]
         return (self.check, self.kind, self.verdict, *clean)
 
 
@@ -73,7 +75,9 @@ class GateRun:
 
     def error(self, check_id: str, exc: BaseException) -> None:
         """Record a check that could not run: an exception is a RED row, never a silent pass."""
-        self.rows.append(Row(check_id, "check", False, "runs", f"error: {type(exc).__name__}", str(exc)[:300]))
+        self.rows.append(
+            Row(check_id, "check", False, "runs", f"error: {type(exc).__name__}", str(exc)[:300])
+        )
 
 
 @dataclass(frozen=True)

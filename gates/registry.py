@@ -10,7 +10,14 @@ import importlib
 from gates.framework import Gate
 
 # module names under gates/, in the order `nxctl gate` runs them; each module defines ``GATE``.
-GATE_MODULES: tuple[str, ...] = ("engine_gate", "sched_gate", "share_gate", "mux_gate", "serve_gate", "census_gate")
+GATE_MODULES: tuple[str, ...] = (
+    "engine_gate",
+    "sched_gate",
+    "share_gate",
+    "mux_gate",
+    "serve_gate",
+    "census_gate",
+)
 
 
 class UnknownGateError(KeyError):

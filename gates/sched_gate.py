@@ -87,7 +87,9 @@ def same(a: RequestOutput, b: RequestOutput) -> bool:
     return a.token_ids == b.token_ids and a.logprobs == b.logprobs and a.text == b.text
 
 
-def _invariance(run: GateRun, check_id: str, dtype: str, count: int) -> tuple[LLM, Workload, list[RequestOutput]]:
+def _invariance(
+    run: GateRun, check_id: str, dtype: str, count: int
+) -> tuple[LLM, Workload, list[RequestOutput]]:
     llm = LLM(MODEL, dtype=dtype, **ENGINE_SETTINGS)
     work = make_workload(llm.model_config.vocab_size, count=count)
     solo = [run_solo(llm.engine, p, s) for p, s in zip(work.prompts, work.params, strict=True)]
@@ -107,31 +109,55 @@ def _invariance(run: GateRun, check_id: str, dtype: str, count: int) -> tuple[LL
 def _body(run: GateRun) -> None:
     llm, work, solo = _invariance(run, "sched.invariance", "float32", NUM_REQUESTS)
     engine, stats = llm.engine, llm.engine.stats
-    run.check("sched.no_leak", engine.pool.num_free == engine.pool.num_blocks, engine.pool.num_blocks,
-              engine.pool.num_free, "free KV blocks once every request finished")
-    run.check("sched.preemption", engine.scheduler.num_preemptions > 0, "> 0 preemptions",
-              engine.scheduler.num_preemptions, f"pool of {ENGINE_SETTINGS['num_kv_blocks']} blocks")
-    run.check("sched.continuous_batching", stats.joins_mid_flight > 0 and stats.max_requests_in_step > 1,
-              "requests join mid-flight; > 1 request per forward",
-              f"{stats.joins_mid_flight} joins, up to {stats.max_requests_in_step} requests per step")
-    run.check("sched.chunked_prefill", stats.chunked_prompts > 0 and stats.mixed_steps > 0,
-              "prompts chunked over steps, mixed with decodes",
-              f"{stats.chunked_prompts} chunked prompts, {stats.mixed_steps} mixed steps")
+    run.check(
+        "sched.no_leak",
+        engine.pool.num_free == engine.pool.num_blocks,
+        engine.pool.num_blocks,
+        engine.pool.num_free,
+        "free KV blocks once every request finished",
+    )
+    run.check(
+        "sched.preemption",
+        engine.scheduler.num_preemptions > 0,
+        "> 0 preemptions",
+        engine.scheduler.num_preemptions,
+        f"pool of {ENGINE_SETTINGS['num_kv_blocks']} blocks",
+    )
+    run.check(
+        "sched.continuous_batching",
+        stats.joins_mid_flight > 0 and stats.max_requests_in_step > 1,
+        "requests join mid-flight; > 1 request per forward",
+        f"{stats.joins_mid_flight} joins, up to {stats.max_requests_in_step} requests per step",
+    )
+    run.check(
+        "sched.chunked_prefill",
+        stats.chunked_prompts > 0 and stats.mixed_steps > 0,
+        "prompts chunked over steps, mixed with decodes",
+        f"{stats.chunked_prompts} chunked prompts, {stats.mixed_steps} mixed steps",
+    )
     _invariance(run, "sched.invariance_bf16", "bfloat16", 16)
 
     with testing.batch_dependent_matmul(engine):
         broken = run_schedule(engine, work)
         broken_solo = [run_solo(engine, p, s) for p, s in zip(work.prompts[:8], work.params[:8], strict=True)]
     differ = sum(not same(a, b) for a, b in zip(broken_solo, broken[:8], strict=True))
-    run.negative("sched.neg.batch_dependent_matmul", caught=differ > 0,
-                 observed=f"{differ}/8 requests differ from their solo runs",
-                 detail="same schedule, linears replaced by a batch-dependent matmul")
+    run.negative(
+        "sched.neg.batch_dependent_matmul",
+        caught=differ > 0,
+        observed=f"{differ}/8 requests differ from their solo runs",
+        detail="same schedule, linears replaced by a batch-dependent matmul",
+    )
     sampled = next(i for i, p in enumerate(work.params) if p.temperature > 0)
     params = work.params[sampled]
-    changed = run_solo(engine, work.prompts[sampled], SamplingParams(**{**params.__dict__, "seed": params.seed + 1}))
-    run.negative("sched.neg.changed_seed", caught=not same(changed, solo[sampled]),
-                 observed="output differs" if not same(changed, solo[sampled]) else "output identical",
-                 detail=f"request {sampled} re-run with seed + 1")
+    changed = run_solo(
+        engine, work.prompts[sampled], SamplingParams(**{**params.__dict__, "seed": params.seed + 1})
+    )
+    run.negative(
+        "sched.neg.changed_seed",
+        caught=not same(changed, solo[sampled]),
+        observed="output differs" if not same(changed, solo[sampled]) else "output identical",
+        detail=f"request {sampled} re-run with seed + 1",
+    )
 
 
 GATE = Gate(

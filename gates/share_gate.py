@@ -30,7 +30,9 @@ def _tokens(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(3, 500) for _ in range(n)]
 
 
-def _sequential(engine: Engine, prompts: list[list[int]], params: SamplingParams = GREEDY) -> list[RequestOutput]:
+def _sequential(
+    engine: Engine, prompts: list[list[int]], params: SamplingParams = GREEDY
+) -> list[RequestOutput]:
     return [run_solo(engine, p, params) for p in prompts]
 
 
@@ -42,12 +44,21 @@ def _prefix_checks(run: GateRun) -> None:
     engine = LLM(MODEL, num_kv_blocks=128).engine
     cached = _sequential(engine, prompts)
     differing = sum(not same(a, b) for a, b in zip(uncached, cached, strict=True))
-    run.check("share.prefix_identical", differing == 0, "cached == uncached (tokens, logprob bits)",
-              f"{differing}/{len(prompts)} differ", "6 prompts sharing a 64-token prefix, one after another")
+    run.check(
+        "share.prefix_identical",
+        differing == 0,
+        "cached == uncached (tokens, logprob bits)",
+        f"{differing}/{len(prompts)} differ",
+        "6 prompts sharing a 64-token prefix, one after another",
+    )
     expected_hits = (len(prompts) - 1) * 4
-    run.check("share.prefix_hits", engine.pool.hits == expected_hits, f"{expected_hits} block hits",
-              f"{engine.pool.hits} hits of {engine.pool.queries} queried",
-              "every later prompt reuses the 4 blocks of the shared prefix")
+    run.check(
+        "share.prefix_hits",
+        engine.pool.hits == expected_hits,
+        f"{expected_hits} block hits",
+        f"{engine.pool.hits} hits of {engine.pool.queries} queried",
+        "every later prompt reuses the 4 blocks of the shared prefix",
+    )
     # negative control: blocks keyed on their own tokens collide when equal blocks sit at different places
     z, x = _tokens(rng, BLOCK), _tokens(rng, BLOCK)
     victim = z + z + _tokens(rng, 5)
@@ -56,9 +67,12 @@ def _prefix_checks(run: GateRun) -> None:
     with testing.last_block_prefix_key(broken_engine):
         run_solo(broken_engine, x + z + _tokens(rng, 5), GREEDY)
         observed = run_solo(broken_engine, victim, GREEDY)
-    run.negative("share.neg.last_block_key", caught=not same(observed, honest),
-                 observed="cached output differs from uncached" if not same(observed, honest) else "identical",
-                 detail="cache keyed on a block's own tokens: the victim's block 0 collides with another's block 1")
+    run.negative(
+        "share.neg.last_block_key",
+        caught=not same(observed, honest),
+        observed="cached output differs from uncached" if not same(observed, honest) else "identical",
+        detail="cache keyed on a block's own tokens: the victim's block 0 collides with another's block 1",
+    )
 
 
 def _priority_check(run: GateRun) -> None:
@@ -85,10 +99,14 @@ def _priority_check(run: GateRun) -> None:
     unchanged = same(finals[urgent], solo_urgent) and all(
         same(finals[i], s) for i, s in zip(ids, solo_slow, strict=True)
     )
-    run.check("share.priority", first and unchanged and engine.scheduler.num_preemptions > 0,
-              "urgent request finishes first; every output unchanged",
-              f"finished position {order.index(urgent) + 1}/5, outputs {'unchanged' if unchanged else 'CHANGED'}, "
-              f"{engine.scheduler.num_preemptions} preemptions", "batch full (max_num_seqs 4) of priority-1 requests")
+    run.check(
+        "share.priority",
+        first and unchanged and engine.scheduler.num_preemptions > 0,
+        "urgent request finishes first; every output unchanged",
+        f"finished position {order.index(urgent) + 1}/5, outputs {'unchanged' if unchanged else 'CHANGED'}, "
+        f"{engine.scheduler.num_preemptions} preemptions",
+        "batch full (max_num_seqs 4) of priority-1 requests",
+    )
 
 
 def _served_while_backlogged(engine: Engine, heavy: list[str], light: list[str]) -> dict[str, float]:
@@ -132,15 +150,23 @@ def _fairness_checks(run: GateRun) -> None:
     light_engine = LLM(MODEL, **settings).engine
     light_served, light_done = _fairness_run(light_engine, light_count=2, heavy_count=120)
     ok = _fair_ok(served) and light_done
-    run.check("share.fairness", ok, f"each backlogged tenant within {FAIR_TOLERANCE:.0%} of 50%; light one served",
-              f"heavy {shares['heavy']:.1%}, light {shares['light']:.1%}; 2-request tenant done: {light_done}",
-              "VTC counters; heavy tenant sends 10x the requests")
+    run.check(
+        "share.fairness",
+        ok,
+        f"each backlogged tenant within {FAIR_TOLERANCE:.0%} of 50%; light one served",
+        f"heavy {shares['heavy']:.1%}, light {shares['light']:.1%}; 2-request tenant done: {light_done}",
+        "VTC counters; heavy tenant sends 10x the requests",
+    )
     fcfs_engine = LLM(MODEL, **settings).engine
     with testing.fcfs_scheduling(fcfs_engine):
         fcfs_served, _ = _fairness_run(fcfs_engine, light_count=12, heavy_count=120)
     fcfs_share = fcfs_served["light"] / sum(fcfs_served.values())
-    run.negative("share.neg.fcfs", caught=not _fair_ok(fcfs_served),
-                 observed=f"FCFS gives the light tenant {fcfs_share:.1%}", detail="same trace, first-come first-served")
+    run.negative(
+        "share.neg.fcfs",
+        caught=not _fair_ok(fcfs_served),
+        observed=f"FCFS gives the light tenant {fcfs_share:.1%}",
+        detail="same trace, first-come first-served",
+    )
 
 
 def _body(run: GateRun) -> None:

@@ -36,13 +36,17 @@ def smollm2_llm() -> LLM:
 @pytest.fixture(scope="session")
 def hf_tiny():
     transformers = pytest.importorskip("transformers")
-    return transformers.AutoModelForCausalLM.from_pretrained(str(FIXTURES / "tiny"), dtype=torch.float32).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        str(FIXTURES / "tiny"), dtype=torch.float32
+    ).eval()
 
 
 @pytest.fixture(scope="session")
 def hf_smollm2(smollm2_loaded: LoadedModel):
     transformers = pytest.importorskip("transformers")
     path = smollm2_loaded.source.path
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    )
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     return model.eval(), tokenizer

@@ -86,7 +86,9 @@ class BlockPool:
         hashes: list[BlockHash] = []
         parent = None
         for i in range(count):
-            parent = self.hash_fn(parent, token_ids[i * self.block_size : (i + 1) * self.block_size], model_key)
+            parent = self.hash_fn(
+                parent, token_ids[i * self.block_size : (i + 1) * self.block_size], model_key
+            )
             hashes.append(parent)
         return hashes
 

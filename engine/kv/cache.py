@@ -10,7 +10,9 @@ from engine.config import ModelConfig
 class KVCache:
     """All layers' K and V blocks. ``bytes`` is known before the first request."""
 
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
+    ):
         shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]

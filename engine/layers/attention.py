@@ -51,7 +51,9 @@ def paged_attention(
         row_pos = torch.cat([row_pos, row_pos], dim=1)
     masked = key_pos[None, None, None, :] > row_pos[:, None, :, None]  # [R, 1, M, L]
     probs = torch.softmax(scores.masked_fill(masked, float("-inf")), dim=-1)
-    probs = probs.view(r, kv_heads, probs.shape[2], nb, block).permute(0, 1, 3, 2, 4)  # [R, Hkv, nb, M, block]
+    probs = probs.view(r, kv_heads, probs.shape[2], nb, block).permute(
+        0, 1, 3, 2, 4
+    )  # [R, Hkv, nb, M, block]
     partial = torch.matmul(probs, values.permute(0, 3, 1, 2, 4))  # [R, Hkv, nb, M, d]
     out = partial.sum(dim=2)[:, :, :rows]  # [R, Hkv, group * c, d]
     out = out.view(r, kv_heads, group, c, d).permute(0, 3, 1, 2, 4).reshape(r, c, heads * d)

@@ -20,7 +20,9 @@ class Sample:
     top: list[tuple[int, float]]
 
 
-def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt: list[int], output: list[int]) -> torch.Tensor:
+def apply_penalties(
+    logits: torch.Tensor, params: SamplingParams, prompt: list[int], output: list[int]
+) -> torch.Tensor:
     # logits: [vocab] float32 -> [vocab]
     if not params.has_penalties:
         return logits
@@ -30,7 +32,9 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt: list[i
         seen = torch.tensor(sorted(set(prompt) | set(output)), dtype=torch.long)
         seen = seen[seen < vocab]
         picked = logits[seen]
-        logits[seen] = torch.where(picked > 0, picked / params.repetition_penalty, picked * params.repetition_penalty)
+        logits[seen] = torch.where(
+            picked > 0, picked / params.repetition_penalty, picked * params.repetition_penalty
+        )
     if output and (params.presence_penalty or params.frequency_penalty):
         counts = torch.bincount(torch.tensor(output, dtype=torch.long), minlength=vocab)[:vocab].float()
         logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).float()

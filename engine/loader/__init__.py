@@ -82,4 +82,6 @@ def _check_weights(config: ModelConfig, weights: dict[str, torch.Tensor], src: M
         if name not in weights:
             raise ModelFileError(f"{src.name}: missing tensor {name}")
         if tuple(weights[name].shape) != shape:
-            raise ModelFileError(f"{src.name}: tensor {name} has shape {tuple(weights[name].shape)}, expected {shape}")
+            raise ModelFileError(
+                f"{src.name}: tensor {name} has shape {tuple(weights[name].shape)}, expected {shape}"
+            )

@@ -118,7 +118,9 @@ def gguf_weights(reader: gguf.GGUFReader, config: ModelConfig, name: str) -> dic
     weights: dict[str, torch.Tensor] = {}
     for tensor in track(reader.tensors, len(reader.tensors), f"dequantizing {name}"):
         if tensor.tensor_type not in SUPPORTED_TYPES:
-            raise UnsupportedModelError(f"unsupported GGUF tensor type {tensor.tensor_type.name} in {tensor.name}")
+            raise UnsupportedModelError(
+                f"unsupported GGUF tensor type {tensor.tensor_type.name} in {tensor.name}"
+            )
         hf = _hf_name(tensor.name)
         if hf is None:
             continue  # e.g. rope_freqs: derived from the config instead
@@ -153,7 +155,9 @@ def gguf_tokenizer(reader: gguf.GGUFReader, config: ModelConfig) -> ChatTokenize
     """Byte-level BPE from the file's tokens and merges, control tokens as special tokens."""
     model_kind = _field(reader, "tokenizer.ggml.model")
     if model_kind != "gpt2":
-        raise UnsupportedModelError(f"unsupported GGUF tokenizer {model_kind!r}; supported: gpt2 (byte-level BPE)")
+        raise UnsupportedModelError(
+            f"unsupported GGUF tokenizer {model_kind!r}; supported: gpt2 (byte-level BPE)"
+        )
     tokens: list[str] = list(_field(reader, "tokenizer.ggml.tokens"))
     types = list(_field(reader, "tokenizer.ggml.token_type") or [])
     merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges") or []]

@@ -42,7 +42,9 @@ def folder_config(folder: Path) -> ModelConfig:
     if arch is None and raw.get("model_type") in ("llama", "mistral"):
         arch = "llama"
     if arch is None:
-        raise UnsupportedModelError(f"unsupported architecture {archs or raw.get('model_type')!r} in {folder}")
+        raise UnsupportedModelError(
+            f"unsupported architecture {archs or raw.get('model_type')!r} in {folder}"
+        )
     gen = folder / "generation_config.json"
     eos = _as_ids(raw.get("eos_token_id"))
     if gen.is_file():

@@ -96,7 +96,9 @@ class PagedLlama:
             for g in batch.groups:
                 rows = slice(g.start, g.start + g.requests * g.rows_each)
                 qg = q[rows].view(g.requests, g.rows_each, c.num_heads, c.head_dim)
-                out = paged_attention(qg, kv.keys[layer], kv.values[layer], g.block_tables, g.positions, self.scale)
+                out = paged_attention(
+                    qg, kv.keys[layer], kv.values[layer], g.block_tables, g.positions, self.scale
+                )
                 attn[rows] = out.reshape(-1, c.q_size)
             x = x + self._linear(attn, self.w[p + "self_attn.o_proj.weight"])
             h = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], c.rms_norm_eps)

@@ -47,7 +47,9 @@ class ContiguousCache:
 class ReferenceLlama:
     """Llama forward over a contiguous cache; one sequence at a time."""
 
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device
+    ):
         self.config = config
         self.dtype = dtype
         self.device = device
@@ -85,7 +87,9 @@ class ReferenceLlama:
             attn = F.scaled_dot_product_attention(
                 q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1), attn_mask=mask
             )  # [heads, T, d]
-            x = x + F.linear(attn.transpose(0, 1).reshape(count, c.q_size), self.w[p + "self_attn.o_proj.weight"])
+            x = x + F.linear(
+                attn.transpose(0, 1).reshape(count, c.q_size), self.w[p + "self_attn.o_proj.weight"]
+            )
             h = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
             gate = F.linear(h, self.w[p + "mlp.gate_proj.weight"])
             up = F.linear(h, self.w[p + "mlp.up_proj.weight"])

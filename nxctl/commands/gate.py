@@ -43,8 +43,12 @@ def print_result(result: GateResult, console: Console) -> None:
 
 
 def gate(
-    names: Annotated[list[str] | None, typer.Argument(help="Gates to run (default: all, in dependency order).")] = None,
-    status_dir: Annotated[Path, typer.Option("--status-dir", help="Where the status TSVs go.")] = Path("status"),
+    names: Annotated[
+        list[str] | None, typer.Argument(help="Gates to run (default: all, in dependency order).")
+    ] = None,
+    status_dir: Annotated[Path, typer.Option("--status-dir", help="Where the status TSVs go.")] = Path(
+        "status"
+    ),
     list_: Annotated[bool, typer.Option("--list", help="List gates and their stable check ids.")] = False,
 ) -> None:
     """Run every gate (or the named ones): GREEN only when every check holds and every negative control is caught."""

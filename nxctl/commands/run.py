@@ -15,7 +15,11 @@ from nxctl.commands.common import fail
 
 
 def stream_turn(
-    llm: LLM, prompt: str, params: SamplingParams, raw: bool, write: Callable[[str], object] = sys.stdout.write
+    llm: LLM,
+    prompt: str,
+    params: SamplingParams,
+    raw: bool,
+    write: Callable[[str], object] = sys.stdout.write,
 ) -> str:
     """Generate one turn, writing text deltas as they come; returns the whole text."""
     tokenizer = llm.tokenizer
@@ -37,7 +41,9 @@ def stream_turn(
 
 
 def run(
-    model: Annotated[str, typer.Argument(help="A named model (smollm2, tiny), a model folder or a .gguf file.")],
+    model: Annotated[
+        str, typer.Argument(help="A named model (smollm2, tiny), a model folder or a .gguf file.")
+    ],
     prompt: Annotated[str | None, typer.Argument(help="The prompt; read from stdin when omitted.")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="A plain completion instead of a chat turn.")] = False,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens to generate.")] = 256,
@@ -55,7 +61,9 @@ def run(
     if not prompt.strip():
         fail("the prompt is empty")
     try:
-        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        params = SamplingParams(
+            max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
+        )
         llm = LLM(model, dtype=dtype)
         stream_turn(llm, prompt, params, raw)
     except NxError as exc:

@@ -33,7 +33,9 @@ def test_paged_matches_reference_on_tiny(tiny_llm: LLM, tiny_loaded) -> None:
 def test_paged_matches_reference_on_smollm2(smollm2_llm: LLM, smollm2_loaded) -> None:
     ref = _reference(smollm2_loaded)
     tok = smollm2_loaded.tokenizer
-    prompts = [tok.encode_chat([{"role": "user", "content": q}]) for q in ("Name a color.", "What is 2+2? " * 5)]
+    prompts = [
+        tok.encode_chat([{"role": "user", "content": q}]) for q in ("Name a color.", "What is 2+2? " * 5)
+    ]
     outs = smollm2_llm.generate(prompts, SamplingParams(max_tokens=12))
     for prompt, out in zip(prompts, outs, strict=True):
         assert out.token_ids == ref.greedy(prompt, 12, tok.stop_token_ids)
@@ -41,7 +43,9 @@ def test_paged_matches_reference_on_smollm2(smollm2_llm: LLM, smollm2_loaded) ->
 
 @pytest.mark.smollm2
 def test_smollm2_knows_paris(smollm2_llm: LLM) -> None:
-    out = smollm2_llm.chat([{"role": "user", "content": "What is the capital of France?"}], SamplingParams(max_tokens=32))
+    out = smollm2_llm.chat(
+        [{"role": "user", "content": "What is the capital of France?"}], SamplingParams(max_tokens=32)
+    )
     assert "Paris" in out.text
     assert out.finish_reason == "stop"
 

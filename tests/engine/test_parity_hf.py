@@ -26,8 +26,13 @@ TIE = 1e-4
 def _greedy_compare(ref: ReferenceLlama, hf_model, ids: list[int], stop: tuple[int, ...]) -> None:
     ours = ref.greedy(ids, MAX_NEW, stop)
     with torch.no_grad():
-        theirs = hf_model.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False,
-                                   eos_token_id=list(stop), pad_token_id=stop[0])[0, len(ids):].tolist()
+        theirs = hf_model.generate(
+            torch.tensor([ids]),
+            max_new_tokens=MAX_NEW,
+            do_sample=False,
+            eos_token_id=list(stop),
+            pad_token_id=stop[0],
+        )[0, len(ids) :].tolist()
     if ours == theirs[: len(ours)] and len(ours) >= len(theirs):
         return
     first = next(i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b)
@@ -64,7 +69,9 @@ def test_smollm2_logits_and_greedy_match_transformers(smollm2_loaded, hf_smollm2
             theirs = hf_model(torch.tensor([ids])).logits[0, -1].float()
         assert (ours - theirs).abs().max().item() < 1e-3
     for prompt in PROMPTS[:4]:
-        _greedy_compare(ref, hf_model, tok.encode_chat([{"role": "user", "content": prompt}]), tok.stop_token_ids)
+        _greedy_compare(
+            ref, hf_model, tok.encode_chat([{"role": "user", "content": prompt}]), tok.stop_token_ids
+        )
 
 
 def test_tiny_logits_and_greedy_match_transformers(tiny_loaded, hf_tiny) -> None:

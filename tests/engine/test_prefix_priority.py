@@ -32,7 +32,10 @@ def test_freed_cached_blocks_are_reused_when_pool_is_short() -> None:
 def test_urgent_request_overtakes_full_batch() -> None:
     llm = LLM("tiny", num_kv_blocks=64, max_num_seqs=2)
     engine = llm.engine
-    slow = [engine.add_request([5 + i] * 10, SamplingParams(max_tokens=40, ignore_eos=True), priority=2) for i in range(2)]
+    slow = [
+        engine.add_request([5 + i] * 10, SamplingParams(max_tokens=40, ignore_eos=True), priority=2)
+        for i in range(2)
+    ]
     engine.step()
     urgent = engine.add_request([9, 9, 9], GREEDY, priority=-1)
     order = []
