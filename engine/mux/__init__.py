@@ -11,6 +11,7 @@ Importing this package does not import torch: only computing a real model's foot
     simulator.py  a request sequence, one at a time (`nxctl mux run`)
     trace.py      timed JSONL traces
     replay.py     event-driven replay of a trace with loads, service times and busy models
+    planner.py    which real models fit together, and the largest context (`nxctl mux plan`)
     memory.py     RSS / CUDA measurements and giving freed memory back
     pool.py       ModelPool: real models loaded and unloaded under the budget
 """

@@ -13,8 +13,10 @@ past ``use``).
 
 Thread safety: one condition variable guards the manager and the model table. A load reserves its bytes
 and marks the model busy under the lock, then loads outside it, so hits on other models are not blocked;
-a second caller for a model being loaded waits for that load. When busy models hold the room a load
-needs, ``acquire`` waits for a release (up to ``timeout``; ``timeout=0`` refuses at once).
+a second caller for a model being loaded waits for that load (and is not counted as a hit). When busy
+models hold the room a load needs, ``acquire`` waits for a release (up to ``timeout``; ``timeout=0``
+refuses at once). The memory records are exact when loads do not overlap (a load running in another
+thread moves RSS too).
 """
 
 from __future__ import annotations
@@ -156,13 +158,15 @@ class ModelPool:
             if self._closed:
                 raise ResidencyError("the model pool is closed")
             tick, self._tick = self._tick, self._tick + 1
+            joined = False  # waited for another caller's load of this model: served, but not a hit
             while True:
                 if spec.id in self._loading:
+                    joined = True
                     self._wait(deadline, f"{spec.name} is being loaded by another caller")
                     continue
                 plan = self.manager.plan(spec.id, tick)
                 if isinstance(plan, Hit):
-                    self.manager.hit(spec.id, tick)
+                    (self.manager.touch if joined else self.manager.hit)(spec.id, tick)
                     self.manager.acquire(spec.id)
                     return self._models[spec.id]
                 if isinstance(plan, Refuse):
@@ -171,7 +175,8 @@ class ModelPool:
                 if isinstance(plan, Wait):
                     self._wait(deadline, f"model {spec.name!r} {plan.reason}")
                     continue
-                assert isinstance(plan, Load)
+                if not isinstance(plan, Load):
+                    raise ResidencyError(f"not a plan: {plan!r}")
                 self._reserve(plan, spec)
                 break
         return self._finish_load(spec)
@@ -247,9 +252,11 @@ class ModelPool:
         return model
 
     def _unload(self, model_id: int) -> None:
-        """Under the lock: drop the model, give its memory back, record what the process's memory did."""
-        before = sample()
+        """Under the lock: drop the model, give its memory back, record what the process's memory did.
+        Other garbage is collected first, so that the record measures this model alone."""
         self.manager.evict(model_id)
+        reclaim()
+        before = sample()
         model = self._models.pop(model_id)
         try:
             alive = weakref.ref(model)

@@ -117,7 +117,7 @@ class Registry:
 
     models: tuple[ModelSpec, ...]
     origin: str = "<memory>"
-    _sizes: dict[int, int] = field(default_factory=dict, repr=False)
+    _sizes: dict[int, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         ids = [m.id for m in self.models]

@@ -36,7 +36,8 @@ _LOAD_DONE, _REQUEST_DONE, _ARRIVAL = 0, 1, 2
 
 @dataclass(frozen=True)
 class ReplayResult:
-    """One policy's replay. ``stall_s`` sums, over served requests, the seconds spent waiting for loads."""
+    """One policy's replay. ``stall_s`` sums, over served requests, the seconds spent waiting for loads;
+    ``busy_waits`` counts loads that had to wait because busy models held the room they needed."""
 
     policy: str
     budget_bytes: int
@@ -45,6 +46,7 @@ class ReplayResult:
     loads: int
     evicts: int
     refused: int
+    busy_waits: int
     stall_s: float
     peak_bytes: int
     makespan_s: float
@@ -62,6 +64,7 @@ class ReplayResult:
             "loads": self.loads,
             "evictions": self.evicts,
             "refusals": self.refused,
+            "busy_waits": self.busy_waits,
             "stalled_s": self.stall_s,
             "peak_mb": mb(self.peak_bytes),
             "budget_mb": mb(self.budget_bytes),
@@ -87,10 +90,11 @@ class _Replay:
         self.queue: deque[int] = deque()  # models waiting to load, FIFO
         self.waiters: dict[int, list[int]] = {}  # model -> request indices waiting for its load
         self.loading: int | None = None
+        self.waited: set[int] = set()  # queued models whose load has waited on busy models
         self.present = 0  # index of the latest arrival: the policy's "now"
         self.now = 0.0
         self.stall_s = 0.0
-        self.served = 0
+        self.busy_waits = 0
         self._seq = 0
 
     def push(self, time: float, kind: int, payload: int) -> None:
@@ -133,7 +137,6 @@ class _Replay:
         spec = self.registry.get(request.model)
         service = request.prompt_tokens / spec.prefill_tok_s + request.output_tokens / spec.decode_tok_s
         self.stall_s += self.now - request.t
-        self.served += 1
         self.manager.acquire(request.model)
         self.push(self.now + service, _REQUEST_DONE, request.model)
 
@@ -143,8 +146,11 @@ class _Replay:
             model = self.queue[0]
             plan = self.manager.plan(model, self.present)
             if isinstance(plan, Wait):
+                self.waited.add(model)
                 return
             self.queue.popleft()
+            self.busy_waits += model in self.waited
+            self.waited.discard(model)
             if isinstance(plan, Refuse):
                 for _ in self.waiters.pop(model):
                     self.manager.refuse(model)
@@ -190,6 +196,7 @@ def replay(
         loads=counters.loads,
         evicts=counters.evicts,
         refused=counters.refused,
+        busy_waits=state.busy_waits,
         stall_s=state.stall_s,
         peak_bytes=counters.peak_bytes,
         makespan_s=state.now,

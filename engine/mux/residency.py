@@ -9,7 +9,8 @@ Invariants:
 - a busy model (acquired and not yet released) or a pinned one is never evicted: ``evict`` raises;
 - the budget is kept by the plan: every built-in policy plans only loads that fit. The manager records
   rather than enforces it (``peak_bytes``, ``over_budget``) so that a broken policy shows up in the
-  gate's budget check instead of being silently masked here.
+  gate's budget check instead of being silently masked here. The live ModelPool, where an overrun
+  would be real memory, refuses such a plan itself.
 """
 
 from __future__ import annotations
