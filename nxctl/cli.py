@@ -7,7 +7,7 @@ import sys
 import typer
 
 from engine.errors import NxError
-from nxctl.commands import census, gate, model, mux, run, sched
+from nxctl.commands import census, chat, dlq, gate, model, mux, run, sched, serve
 
 app = typer.Typer(
     name="nxctl",
@@ -19,6 +19,9 @@ app = typer.Typer(
 app.add_typer(model.app, name="model")
 app.add_typer(mux.app, name="mux")
 app.add_typer(sched.app, name="sched")
+app.add_typer(dlq.app, name="dlq")
+app.command("serve")(serve.serve)
+app.command("chat")(chat.chat)
 app.command("run")(run.run)
 app.command("gate")(gate.gate)
 app.command("census")(census.census)

@@ -1,0 +1,174 @@
+"""`nxctl serve`: the local chat seat, OpenAI- and Ollama-compatible, on 127.0.0.1:11434 by default."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from engine.errors import InvalidRequestError
+from nxctl.commands.common import fail
+from nxctl.server.settings import DEFAULT_PORT, SeatSettings, parse_duration
+
+
+def build_settings(
+    models: list[str] | None = None,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    registry: Path | None = None,
+    budget_mb: float | None = None,
+    max_queue: int = 256,
+    dlq: Path | None = None,
+    dlq_max_rows: int = 10_000,
+    dlq_redact: bool = False,
+    drain_timeout: float = 30.0,
+    api_key: str | None = None,
+    device: str = "auto",
+    dtype: str = "float32",
+    num_kv_blocks: int = 1024,
+    default_max_tokens: int = 512,
+    keep_alive: str = "5m",
+    max_body_mb: float = 8.0,
+    quiet: bool = False,
+) -> SeatSettings:
+    """The seat's settings from the command's options (defaults: smollm2, unless a registry is given)."""
+    chosen = tuple(models) if models else (() if registry is not None else ("smollm2",))
+    return SeatSettings(
+        models=chosen,
+        host=host,
+        port=port,
+        registry=registry,
+        budget_mb=budget_mb,
+        device=device,
+        dtype=dtype,
+        num_kv_blocks=num_kv_blocks,
+        max_queue=max_queue,
+        dlq_path=dlq,
+        dlq_max_rows=dlq_max_rows,
+        dlq_redact=dlq_redact,
+        drain_timeout_s=drain_timeout,
+        api_key=api_key,
+        default_max_tokens=default_max_tokens,
+        keep_alive_s=parse_duration(keep_alive),
+        max_body_bytes=int(max_body_mb * (1 << 20)),
+        log_requests=not quiet,
+    )
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """Bind the listening socket up front, so a busy port is one clear error."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise InvalidRequestError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+def run_seat(settings: SeatSettings, threads: int | None = None) -> None:
+    """Load the models, serve until SIGINT / SIGTERM, drain, stop (glue over nxctl.server)."""
+    from nxctl.server.app import create_app, preload_models
+    from nxctl.server.runner import make_server
+
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(message)s")
+    logging.getLogger("nxctl.serve").setLevel(logging.INFO)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)  # once for the process: every engine loop shares these cores
+    if not is_loopback(settings.host):
+        typer.echo(f"nxctl serve: warning: listening on {settings.host}, beyond this machine", err=True)
+    sock = listen(settings.host, settings.port)
+    app = create_app(settings, preload=False)
+    typer.echo(f"nxctl serve: loading {', '.join(settings.models) or 'nothing (models load on demand)'}")
+    loaded = preload_models(app)
+    shown_host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    port = sock.getsockname()[1]
+    names = app.state.seat.host.names
+
+    def ready() -> None:
+        typer.echo(f"nxctl serve: ready at http://{shown_host}:{port}")
+        typer.echo(f"nxctl serve: serving {', '.join(names)} (loaded: {', '.join(loaded) or 'none'})")
+
+    server = make_server(app, settings.host, port, settings.drain_timeout_s, on_ready=ready)
+    server.run(sockets=[sock])
+    sock.close()
+    typer.echo("nxctl serve: stopped")
+
+
+def serve(
+    model: Annotated[
+        list[str] | None,
+        typer.Option("--model", "-m", help="Model to serve and preload (repeatable; default smollm2)."),
+    ] = None,
+    host: Annotated[
+        str, typer.Option("--host", help="Address to listen on (loopback unless you say otherwise).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = DEFAULT_PORT,
+    registry: Annotated[
+        Path | None, typer.Option("--registry", help="A mux registry TOML: more models, loaded on demand.")
+    ] = None,
+    budget_mb: Annotated[
+        float | None, typer.Option("--budget-mb", help="Memory budget for resident models (MB).")
+    ] = None,
+    max_queue: Annotated[
+        int, typer.Option("--max-queue", help="Requests waiting per model before 503.")
+    ] = 256,
+    dlq: Annotated[
+        Path | None, typer.Option("--dlq", help="Dead-letter file (default ~/.nxctl/dlq.sqlite).")
+    ] = None,
+    dlq_max_rows: Annotated[
+        int, typer.Option("--dlq-max-rows", help="Keep at most this many dead letters.")
+    ] = 10_000,
+    dlq_redact: Annotated[bool, typer.Option("--dlq-redact", help="Do not store request bodies.")] = False,
+    drain_timeout: Annotated[
+        float, typer.Option("--drain-timeout", help="Seconds in-flight requests get at shutdown.")
+    ] = 30.0,
+    api_key: Annotated[
+        str | None, typer.Option("--api-key", help="Require Authorization: Bearer KEY.")
+    ] = None,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+    dtype: Annotated[
+        str, typer.Option("--dtype", help="float32, bfloat16 or float16 (for --model models).")
+    ] = "float32",
+    num_kv_blocks: Annotated[
+        int, typer.Option("--num-kv-blocks", help="KV pool blocks per --model model.")
+    ] = 1024,
+    threads: Annotated[
+        int | None, typer.Option("--threads", help="Torch threads for the whole process.")
+    ] = None,
+    default_max_tokens: Annotated[
+        int, typer.Option("--default-max-tokens", help="Tokens when a request sets no limit.")
+    ] = 512,
+    keep_alive: Annotated[
+        str, typer.Option("--keep-alive", help="Idle time before unloading: 5m, 1h, -1 = never.")
+    ] = "5m",
+    max_body_mb: Annotated[float, typer.Option("--max-body-mb", help="Largest request body (MB).")] = 8.0,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No per-request log lines.")] = False,
+) -> None:
+    """Serve models over OpenAI- and Ollama-compatible HTTP APIs with continuous batching."""
+    try:
+        settings = build_settings(
+            model, host, port, registry, budget_mb, max_queue, dlq, dlq_max_rows, dlq_redact, drain_timeout,
+            api_key, device, dtype, num_kv_blocks, default_max_tokens, keep_alive, max_body_mb, quiet,
+        )  # fmt: skip
+    except InvalidRequestError as exc:
+        fail(str(exc))
+    run_seat(settings, threads)

@@ -1,0 +1,165 @@
+"""create_app(settings): the FastAPI app of the seat, its error handlers and its lifespan.
+
+Start-up builds the model host (registry, budget, engine loops sharing one CoreLease), preloads the
+``--model`` models and starts the keep_alive reaper; shutdown stops every engine loop. Every error is
+JSON in the flavour of its API (errors.py); server-side failures are kept in the dead-letter store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from engine.errors import NxError
+from engine.mux.registry import MB, ModelSpec
+from nxctl import __version__
+from nxctl.server import ollama_api, openai_api
+from nxctl.server.bridge import CoreLease
+from nxctl.server.dlq import DeadLetterStore
+from nxctl.server.errors import APIError, bad_request, error_body, from_engine
+from nxctl.server.handling import ClientGone, Seat, dead_letter, seat_of
+from nxctl.server.host import ModelHost, SeatModel
+from nxctl.server.metrics import CONTENT_TYPE, SeatMetrics
+from nxctl.server.middleware import ApiKey, BodyLimit, BodyTooLarge, RequestLog
+from nxctl.server.models import make_loader, preload_names, seat_registry
+from nxctl.server.settings import SeatSettings, default_dlq_path
+
+log = logging.getLogger("nxctl.serve")
+REAP_INTERVAL_S = 0.5
+Loader = Callable[[ModelSpec], SeatModel]
+
+
+def build_seat(settings: SeatSettings, loader: Loader | None = None) -> tuple[Seat, list[str]]:
+    """The seat's shared state and the names to preload. ``loader`` replaces the real one (tests)."""
+    metrics = SeatMetrics()
+    registry = seat_registry(settings.models, settings.registry, settings.dtype, settings.num_kv_blocks)
+    budget = None if settings.budget_mb is None else int(settings.budget_mb * MB)
+    host = ModelHost(
+        registry,
+        loader or make_loader(settings.device, CoreLease(), metrics.observe_loop),
+        budget_bytes=budget,
+        keep_alive_s=settings.keep_alive_s,
+        on_event=metrics.observe_event,
+    )
+    dlq = None
+    if settings.dlq_enabled:
+        dlq = DeadLetterStore(
+            settings.dlq_path or default_dlq_path(), settings.dlq_max_rows, settings.dlq_redact
+        )
+    seat = Seat(settings, host, metrics, dlq, started=time.time())
+    return seat, preload_names(settings.models, registry, settings.registry is not None)
+
+
+def preload_models(app: FastAPI) -> list[str]:
+    """Load the ``--model`` models now (blocking; typed engine errors propagate); returns their names."""
+    seat: Seat = app.state.seat
+    for name in app.state.preload:
+        seat.host.acquire(name)
+        seat.host.release(name)
+    return list(app.state.preload)
+
+
+def create_app(settings: SeatSettings, loader: Loader | None = None, preload: bool = True) -> FastAPI:
+    """The seat's ASGI app. With ``preload``, the ``--model`` models load when the lifespan starts;
+    without, call ``preload_models(app)`` first (the CLI does, to report load errors as one line)."""
+    seat, names = build_seat(settings, loader)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if preload:
+            await asyncio.to_thread(preload_models, app)
+        reaper = asyncio.create_task(_reap(seat.host))
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            await asyncio.gather(reaper, return_exceptions=True)
+            await asyncio.to_thread(seat.host.close)
+            seat.acquirer.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(title="nxctl seat", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.seat = seat
+    app.state.preload = names
+    app.include_router(openai_api.router)
+    app.include_router(ollama_api.router)
+    _add_routes(app)
+    _add_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(ApiKey, key=settings.api_key)
+    app.add_middleware(RequestLog, enabled=settings.log_requests)
+    return app
+
+
+async def _reap(host: ModelHost) -> None:
+    """Unload idle models whose keep_alive has run out."""
+    while True:
+        await asyncio.sleep(REAP_INTERVAL_S)
+        try:
+            await asyncio.to_thread(host.expire)
+        except Exception:  # noqa: BLE001 - the reaper must outlive one failed unload
+            log.exception("keep_alive expiry failed")
+
+
+def _add_routes(app: FastAPI) -> None:
+    @app.get("/health")
+    async def health(request: Request) -> dict[str, Any]:
+        seat = seat_of(request)
+        return {
+            "status": "ok",
+            "models": [r.model.name for r in seat.host.resident()],
+            "serves": seat.host.names,
+        }
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        return Response(seat_of(request).metrics.render(), media_type=CONTENT_TYPE)
+
+
+def _json_error(request: Request, err: APIError) -> JSONResponse:
+    return JSONResponse(error_body(request.url.path, err), status_code=err.status, headers=err.headers)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def on_api_error(request: Request, err: APIError) -> Response:
+        if err.dead_letter:
+            dead_letter(request, err.status, err.message)
+        return _json_error(request, err)
+
+    @app.exception_handler(NxError)
+    async def on_engine_error(request: Request, exc: NxError) -> Response:
+        return await on_api_error(request, from_engine(exc))
+
+    @app.exception_handler(BodyTooLarge)
+    async def on_too_large(request: Request, exc: BodyTooLarge) -> Response:
+        limit = seat_of(request).settings.max_body_bytes
+        return _json_error(request, APIError(413, f"the request body is larger than {limit} bytes"))
+
+    @app.exception_handler(ClientGone)
+    async def on_client_gone(request: Request, exc: ClientGone) -> Response:
+        return Response(status_code=499)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        message = {404: f"no route {request.url.path}", 405: f"method {request.method} not allowed here"}
+        err = APIError(exc.status_code, message.get(exc.status_code, str(exc.detail)))
+        return _json_error(request, err)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(request: Request, exc: RequestValidationError) -> Response:
+        return _json_error(request, bad_request(f"invalid request: {exc.errors()[:3]}"))
+
+    @app.exception_handler(Exception)
+    async def on_internal(request: Request, exc: Exception) -> Response:
+        err = APIError(500, f"internal error: {type(exc).__name__}: {exc}", dead_letter=True)
+        return await on_api_error(request, err)

@@ -1,0 +1,101 @@
+"""What the Ollama API shows about a model without loading its weights: details, size, digest, template.
+
+The digest identifies the model's file (path, size, modification time), not its content: hashing a
+whole model file on every /api/tags would cost seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from engine.config import ModelConfig
+from engine.loader import load_config, resolve_model
+from engine.mux.registry import ModelSpec
+
+_QUANT = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    config: ModelConfig
+    path: Path
+    kind: str
+    file_bytes: int
+    modified: float
+    dtype: str
+
+    @property
+    def digest(self) -> str:
+        key = f"{self.path.resolve()}:{self.file_bytes}:{self.modified}"
+        return hashlib.sha256(key.encode()).hexdigest()
+
+    @property
+    def modified_at(self) -> str:
+        return iso_time(self.modified)
+
+    def details(self) -> dict[str, Any]:
+        n = self.config.num_params
+        size = f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
+        return {
+            "parent_model": "",
+            "format": "gguf" if self.kind == "gguf" else "safetensors",
+            "family": self.config.architecture,
+            "families": [self.config.architecture],
+            "parameter_size": size,
+            "quantization_level": _QUANT.get(self.dtype, self.dtype),
+        }
+
+    def model_info(self) -> dict[str, Any]:
+        c, arch = self.config, self.config.architecture
+        return {
+            "general.architecture": arch,
+            "general.parameter_count": c.num_params,
+            f"{arch}.context_length": c.max_position_embeddings,
+            f"{arch}.embedding_length": c.hidden_size,
+            f"{arch}.block_count": c.num_layers,
+            f"{arch}.attention.head_count": c.num_heads,
+            f"{arch}.attention.head_count_kv": c.num_kv_heads,
+            f"{arch}.vocab_size": c.vocab_size,
+        }
+
+
+def iso_time(seconds: float) -> str:
+    """RFC 3339 in UTC, as Ollama writes times."""
+    return datetime.fromtimestamp(seconds, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+@lru_cache(maxsize=64)
+def model_info(spec: ModelSpec) -> ModelInfo:
+    """Config and file facts of a registry entry (cached; reads configs only)."""
+    source = resolve_model(spec.source or spec.name)
+    files = [source.path] if source.path.is_file() else [p for p in source.path.iterdir() if p.is_file()]
+    stats = [p.stat() for p in files]
+    return ModelInfo(
+        name=spec.name,
+        config=load_config(source),
+        path=source.path,
+        kind=source.kind,
+        file_bytes=sum(s.st_size for s in stats),
+        modified=max((s.st_mtime for s in stats), default=0.0),
+        dtype=spec.dtype,
+    )
+
+
+@lru_cache(maxsize=16)
+def chat_template(spec: ModelSpec) -> str:
+    """The model's chat template, reading only its tokenizer (no weights)."""
+    from engine.loader import gguf_file, hf_folder
+
+    source = resolve_model(spec.source or spec.name)
+    config = load_config(source)
+    if source.kind == "gguf":
+        tok = gguf_file.gguf_tokenizer(gguf_file.open_reader(source.path), config)
+    else:
+        tok = hf_folder.folder_tokenizer(source.path, config)
+    return tok.chat_template or ""

@@ -1,0 +1,118 @@
+"""Request schemas of the Ollama API (strict types; unsupported fields and options are named in a 400).
+
+Options supported: temperature, top_k, top_p, min_p, seed, num_predict, num_ctx, stop, repeat_penalty,
+presence_penalty, frequency_penalty. Others are accepted only at their "off" value (mirostat 0,
+typical_p 1, tfs_z 1); load-time knobs (num_gpu, num_thread, ...) are refused, not silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from nxctl.server.errors import APIError, bad_request
+from nxctl.server.schemas_openai import Strict
+
+OLLAMA_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "repeat_penalty": 1.1}
+_NEUTRAL_OPTIONS: dict[str, Any] = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0}
+_UNSUPPORTED: dict[str, tuple[str, Any]] = {
+    "tools": ("tool calling", lambda v: v in (None, [])),
+    "format": ("structured output (format)", lambda v: v in (None, "")),
+    "images": ("images", lambda v: v in (None, [])),
+    "suffix": ("insertion (suffix)", lambda v: v in (None, "")),
+    "template": ("custom templates", lambda v: v in (None, "")),
+    "think": ("thinking", lambda v: v in (None, False)),
+    "dimensions": ("embedding dimensions", lambda v: v is None),
+    "tool_calls": ("tool calling", lambda v: v in (None, [])),
+    "tool_name": ("tool calling", lambda v: v in (None, "")),
+    "thinking": ("thinking", lambda v: v in (None, "")),
+}
+
+
+class Options(BaseModel):
+    """The ``options`` object; unknown keys are kept so ``check`` can name them."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    temperature: float | None = Field(None, ge=0)
+    top_k: int | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    seed: int | None = None
+    num_predict: int | None = Field(None, ge=-2)
+    num_ctx: int | None = Field(None, ge=1)
+    stop: list[str] | None = None
+    repeat_penalty: float | None = Field(None, gt=0)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+
+    def check(self) -> None:
+        bad = [
+            k
+            for k, v in (self.model_extra or {}).items()
+            if k not in _NEUTRAL_OPTIONS or v != _NEUTRAL_OPTIONS[k]
+        ]
+        if bad:
+            raise APIError(400, f"unsupported option(s): {', '.join(bad)}", param="options")
+        if self.num_predict == 0:
+            raise bad_request("options.num_predict must be positive, -1 (until the context is full) or -2")
+        if self.stop and any(not s for s in self.stop):
+            raise bad_request("options.stop strings must not be empty")
+
+
+class _Request(Strict):
+    model: str = Field(min_length=1)
+    options: Options | None = None
+    keep_alive: str | float | int | None = None
+    stream: bool | None = None
+    UNSUPPORTED = _UNSUPPORTED
+
+    def check(self) -> None:
+        self.reject_extras()
+        if self.options is not None:
+            self.options.check()
+
+
+class Message(Strict):
+    UNSUPPORTED = _UNSUPPORTED
+    role: str = Field(pattern="^(system|user|assistant)$")
+    content: str = ""
+
+
+class ChatRequest(_Request):
+    messages: list[Message] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    def check(self) -> None:
+        super().check()
+        for message in self.messages or []:
+            message.reject_extras()
+
+
+class GenerateRequest(_Request):
+    prompt: str | None = None
+    system: str | None = None
+    raw: bool | None = None
+    context: list[int] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+
+class EmbedRequest(_Request):
+    input: str | list[str]
+    truncate: bool | None = None
+
+
+class ShowRequest(Strict):
+    UNSUPPORTED = _UNSUPPORTED
+    model: str | None = Field(None, min_length=1)
+    name: str | None = Field(None, min_length=1)
+    verbose: bool | None = None
+
+    def model_name(self) -> str:
+        self.reject_extras()
+        name = self.model or self.name
+        if not name:
+            raise bad_request("model is required")
+        return name

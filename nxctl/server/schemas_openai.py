@@ -1,0 +1,168 @@
+"""Request schemas of the OpenAI API (strict types; unknown and unsupported fields are named in a 400).
+
+Accepted beyond OpenAI's own fields, as vLLM accepts them: ``top_k``, ``min_p``, ``repetition_penalty``,
+``ignore_eos``. A field we do not support is accepted only at the value that means "not used"
+(``response_format: {"type": "text"}``, ``tools: []``, ``logit_bias: {}``, ``echo: false``...).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from nxctl.server.errors import APIError, bad_request
+
+_UNSUPPORTED: dict[str, tuple[str, Any]] = {
+    # field: (what it is, the predicate of its "not used" values)
+    "tools": ("function calling", lambda v: v in (None, [])),
+    "tool_choice": ("function calling", lambda v: v in (None, "none")),
+    "functions": ("function calling", lambda v: v in (None, [])),
+    "function_call": ("function calling", lambda v: v in (None, "none")),
+    "parallel_tool_calls": ("function calling", lambda v: v is None),
+    "response_format": ("structured output", lambda v: v is None or v == {"type": "text"}),
+    "logit_bias": ("logit bias", lambda v: v in (None, {})),
+    "audio": ("audio output", lambda v: v is None),
+    "modalities": ("output modalities", lambda v: v in (None, ["text"])),
+    "prediction": ("predicted outputs", lambda v: v is None),
+    "reasoning_effort": ("reasoning models", lambda v: v is None),
+    "web_search_options": ("web search", lambda v: v is None),
+    "echo": ("echoing the prompt", lambda v: v in (None, False)),
+    "suffix": ("insertion (suffix)", lambda v: v in (None, "")),
+    "best_of": ("best_of", lambda v: v in (None, 1)),
+    "dimensions": ("embedding dimensions", lambda v: v is None),
+    "store": ("stored completions", lambda v: v in (None, False)),
+    "metadata": ("stored completions", lambda v: v in (None, {})),
+    "service_tier": ("service tiers", lambda v: v in (None, "auto", "default")),
+}
+
+
+class Strict(BaseModel):
+    """Strict types; extra keys are kept so that ``reject_extras`` can name them."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    UNSUPPORTED: ClassVar[dict[str, tuple[str, Any]]] = _UNSUPPORTED
+
+    def reject_extras(self) -> None:
+        """400 naming every field that is unknown, or known but unsupported at the value given."""
+        problems = []
+        for key, value in (self.model_extra or {}).items():
+            if key in self.UNSUPPORTED:
+                what, unused = self.UNSUPPORTED[key]
+                if not unused(value):
+                    problems.append(f"'{key}' ({what} is not supported)")
+            else:
+                problems.append(f"'{key}' (unknown field)")
+        if problems:
+            raise APIError(
+                400, "unsupported field(s): " + ", ".join(problems), param=problems[0].split("'")[1]
+            )
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content)
+        return self.content or ""
+
+
+class StreamOptions(Strict):
+    include_usage: bool | None = None
+
+
+class SamplingFields(Strict):
+    """Fields shared by chat and text completions."""
+
+    model: str = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    n: int | None = Field(None, ge=1, le=16)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, gt=0)
+    ignore_eos: bool | None = None
+    user: str | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+
+    def stop_strings(self) -> tuple[str, ...]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stops) > 4:
+            raise bad_request("stop takes at most 4 strings", param="stop")
+        if any(not s for s in stops):
+            raise bad_request("stop strings must not be empty", param="stop")
+        return tuple(stops)
+
+    def check(self) -> None:
+        self.reject_extras()
+        if self.stream_options is not None:
+            self.stream_options.reject_extras()
+            if not self.stream:
+                raise bad_request(
+                    "stream_options is only allowed when stream is true", param="stream_options"
+                )
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    def check(self) -> None:
+        super().check()
+        for message in self.messages:
+            message.reject_extras()
+        if self.top_logprobs and not self.logprobs:
+            raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(None, ge=0, le=20)
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompt(s): texts or token id lists; 400 when empty."""
+        p = self.prompt
+        if isinstance(p, str):
+            items: list[str | list[int]] = [p]
+        elif p and all(isinstance(t, int) for t in p):
+            items = [list(p)]  # type: ignore[arg-type]
+        else:
+            items = list(p)  # type: ignore[arg-type]
+        if not items or any(len(i) == 0 for i in items):
+            raise bad_request("prompt must not be empty", param="prompt")
+        return items
+
+
+class EmbeddingRequest(Strict):
+    model: str = Field(min_length=1)
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] | None = None
+    user: str | None = None
+
+    def inputs(self) -> list[str | list[int]]:
+        p = self.input
+        if isinstance(p, str):
+            items: list[str | list[int]] = [p]
+        elif p and all(isinstance(t, int) for t in p):
+            items = [list(p)]  # type: ignore[arg-type]
+        else:
+            items = list(p)  # type: ignore[arg-type]
+        if not items or any(len(i) == 0 for i in items):
+            raise bad_request("input must not be empty", param="input")
+        return items

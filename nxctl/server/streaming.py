@@ -1,0 +1,70 @@
+"""Incremental text for streaming: each chunk carries only text that can never be taken back.
+
+The engine's text is cumulative and already free of split UTF-8 characters (its detokenizer holds an
+incomplete byte sequence back). What remains is stop strings: the engine cuts the text where a stop
+string begins, so a stream must hold back any tail of the text that could still grow into a stop
+string ("...EN" while the stop string is "END"). Once the request finishes, the engine's final text is
+exact and the rest is released.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from engine.outputs import RequestOutput
+
+
+def held_back(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of some stop string."""
+    longest = 0
+    for stop in stops:
+        for size in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:size]):
+                longest = size
+                break
+    return longest
+
+
+@dataclass
+class Delta:
+    """What one choice gained since the last chunk."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]]
+    finish_reason: str | None
+    output: RequestOutput
+
+
+@dataclass
+class ChoiceStream:
+    """Turns one request's cumulative outputs into deltas (mutates its emitted counters)."""
+
+    index: int
+    stops: tuple[str, ...] = ()
+    emitted_chars: int = 0
+    emitted_tokens: int = 0
+    final: RequestOutput | None = field(default=None, repr=False)
+
+    def advance(self, out: RequestOutput) -> Delta:
+        """The delta from what was emitted so far to ``out`` (all of it once ``out`` is final)."""
+        if out.finished:
+            self.final = out
+            visible = len(out.text)
+        else:
+            visible = len(out.text) - held_back(out.text, self.stops)
+        text = out.text[self.emitted_chars : visible] if visible > self.emitted_chars else ""
+        self.emitted_chars = max(self.emitted_chars, visible)
+        start, self.emitted_tokens = self.emitted_tokens, len(out.token_ids)
+        return Delta(
+            index=self.index,
+            text=text,
+            token_ids=out.token_ids[start:],
+            logprobs=out.logprobs[start:],
+            top_logprobs=out.top_logprobs[start:],
+            finish_reason=out.finish_reason,
+            output=out,
+        )

@@ -1,0 +1,65 @@
+"""The serve gate: GREEN on `tiny`; RED when either negative control's detection is switched off; and the
+checker it relies on really catches a corrupted chunk and a dropped request."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gates.framework import read_tsv, run_gate
+from gates.serve_gate import GATE
+from nxctl.server.app import create_app
+from nxctl.server.faults import Corrupter, FaultProxy
+from nxctl.server.probe import Ask, ask, compare
+from nxctl.server.runner import BackgroundSeat
+from nxctl.server.settings import SeatSettings
+
+NEGATIVES = ("serve.neg.corrupted_chunk", "serve.neg.dropped_request")
+
+
+def test_gate_is_green_and_writes_its_tsv(tmp_path: Path) -> None:
+    result = run_gate(GATE, tmp_path)
+    assert result.green, [r for r in result.rows if not r.ok]
+    rows = read_tsv(tmp_path / "serve.tsv")
+    assert [r["check"] for r in rows] == list(GATE.checks)
+    assert [r["check"] for r in rows if r["kind"] == "neg"] == list(NEGATIVES)
+
+
+@pytest.mark.parametrize("control", NEGATIVES)
+def test_blinding_a_negative_control_turns_the_gate_red(control: str) -> None:
+    result = run_gate(GATE, blind={control})
+    assert not result.green
+    assert [r.check for r in result.rows if not r.ok] == [control]
+
+
+def test_corrupter_changes_one_character_whatever_the_segmentation() -> None:
+    stream = b'data: {"delta":{"content":""}}\n\ndata: {"delta":{"content":"hello"}}\n\n0\r\n\r\n'
+    for size in (1, 2, 5, 13, len(stream)):
+        c = Corrupter()
+        out = b"".join(c.feed(stream[i : i + size]) for i in range(0, len(stream), size)) + c.flush()
+        assert out == stream.replace(b'"hello"', b'"#ello"') and c.done
+
+
+def test_the_checker_catches_both_faults_through_the_proxy(tmp_path: Path) -> None:
+    app = create_app(SeatSettings(models=("tiny",), dlq_path=tmp_path / "d.sqlite", log_requests=False))
+    request = Ask("k", "ollama", True, "tiny", (("user", "Hello there"),), max_tokens=12)
+
+    async def one(url: str) -> object:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            return await ask(client, request)
+
+    with BackgroundSeat(app) as url:
+        port = int(url.rsplit(":", 1)[1])
+        solo = asyncio.run(one(url))
+        assert not solo.problems and compare({"k": solo}, [asyncio.run(one(url))], ["k"]) == []
+        corrupt = FaultProxy(port, "corrupt")
+        with corrupt as proxy:
+            corrupted = asyncio.run(one(proxy))
+        drop = FaultProxy(port, "drop")
+        with drop as proxy:
+            dropped = asyncio.run(one(proxy))
+    assert corrupt.injected == 1 and compare({"k": solo}, [corrupted], ["k"])
+    assert drop.injected == 1 and "no answer" in compare({"k": solo}, [dropped], ["k"])[0]

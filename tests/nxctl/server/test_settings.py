@@ -1,0 +1,43 @@
+"""Seat settings: Ollama durations, and invalid settings named in one error."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.errors import InvalidRequestError
+from nxctl.server.settings import SeatSettings, parse_duration
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("5m", 300.0),
+        ("10s", 10.0),
+        ("1h30m", 5400.0),
+        ("300ms", 0.3),
+        ("0", 0.0),
+        (0, 0.0),
+        (42, 42.0),
+        ("7", 7.0),
+    ],
+)
+def test_durations(text, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("forever", ["-1", -1, "-5m", -0.5])
+def test_negative_means_forever(forever) -> None:
+    assert parse_duration(forever) is None
+
+
+@pytest.mark.parametrize("bad", ["soon", "5 minutes", "", True, "m5"])
+def test_bad_durations(bad) -> None:
+    with pytest.raises(InvalidRequestError, match="keep_alive"):
+        parse_duration(bad)
+
+
+def test_invalid_settings_are_named() -> None:
+    with pytest.raises(InvalidRequestError, match="max_queue, drain_timeout"):
+        SeatSettings(max_queue=0, drain_timeout_s=-1)
+    with pytest.raises(InvalidRequestError, match="--model or a --registry"):
+        SeatSettings(models=())

@@ -1,0 +1,35 @@
+"""One targeted check on the real model: both official clients get "Paris", greedy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ollama
+import openai
+import pytest
+
+from nxctl.server.app import create_app
+from nxctl.server.runner import BackgroundSeat
+from nxctl.server.settings import SeatSettings
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.mark.smollm2
+def test_both_clients_hear_paris_from_smollm2(tmp_path: Path) -> None:
+    settings = SeatSettings(
+        models=("smollm2",), num_kv_blocks=64, dlq_path=tmp_path / "d.sqlite", log_requests=False
+    )
+    with BackgroundSeat(create_app(settings)) as url:
+        oa = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        answer = oa.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=24, temperature=0)
+        streamed = oa.chat.completions.create(
+            model="smollm2", messages=QUESTION, max_tokens=24, temperature=0, stream=True
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+        ol = ollama.Client(host=url).chat(
+            model="smollm2", messages=QUESTION, options={"temperature": 0, "num_predict": 24}
+        )
+    assert "Paris" in answer.choices[0].message.content
+    assert text == answer.choices[0].message.content
+    assert "Paris" in ol.message.content
