@@ -19,9 +19,10 @@ def stream_turn(
     prompt: str,
     params: SamplingParams,
     raw: bool,
-    write: Callable[[str], object] = sys.stdout.write,
+    write: Callable[[str], object] | None = None,
 ) -> str:
-    """Generate one turn, writing text deltas as they come; returns the whole text."""
+    """Generate one turn, writing text deltas as they come (to stdout by default); returns the whole text."""
+    write = write or sys.stdout.write
     tokenizer = llm.tokenizer
     ids = tokenizer.encode(prompt) if raw else tokenizer.encode_chat([{"role": "user", "content": prompt}])
     engine = llm.engine
