@@ -1,18 +1,20 @@
 """Paged attention that is batch-invariant by construction.
 
-Each query row attends to the keys of its own request, gathered block by block from the KV pool,
-padded to whole blocks (and to the longest request of the group) and masked causally. The three
-reductions are arranged so that padding never changes a row's bits (each measured on CPU):
+Each query row attends to the keys of its own request, read block by block from the KV pool (blocks
+of the group padded to the longest table, masked causally). The three reductions are arranged so
+that neither padding nor neighbours change a row's bits (each measured on CPU; the gates check it):
 
-1. scores = q @ K^T with at least 2 query rows per matrix: every score reduces over head_dim once;
-   extra key columns (padding) do not change the others. A single row (M=1) takes another kernel,
-   so one-row groups are padded to two.
-2. softmax over the padded key axis with -inf at masked keys: the max is exact and padded keys add 0.
+1. scores per KV block: q [M, d] @ K_block^T [d, block] with M >= 2 query rows: every score reduces
+   over head_dim once, in a matmul whose shape depends on the block alone. One-row groups are padded
+   to two rows (a single row takes a matrix-vector kernel with another reduction order).
+2. softmax over all padded key slots with -inf at masked ones: the max is exact, padded slots add 0.
 3. p @ V per KV block ([M, block] x [block, d], fixed shape), then a sum over blocks: padded blocks
-   contribute exact zeros, so the blocked sum is independent of how far the padding goes.
+   contribute exact zeros, so the blocked sum does not depend on how far the padding goes.
 
-    block table of one request:  [ b7 | b2 | b9 | null ... ]   (null: the reserved all-zero block 0)
-    keys gathered:               [ 16 | 16 | 16 | 16 ... ]      masked where key position > query position
+Cache layout, per layer (head-major, so one gather yields matmul-ready batches without a copy):
+
+    keys, values: [kv_heads, num_blocks, block, head_dim]
+    gathered:     [kv_heads, R, nb, block, head_dim]      (block table padded with block 0, masked)
 """
 
 from __future__ import annotations
@@ -30,31 +32,29 @@ def paged_attention(
 ) -> torch.Tensor:
     """Attention for R requests with c query rows each.
 
-    q: [R, c, H, d]; k_cache, v_cache: [num_blocks, block, Hkv, d]; block_tables: [R, nb] (long);
+    q: [R, c, H, d]; k_cache, v_cache: [Hkv, num_blocks, block, d]; block_tables: [R, nb] (long);
     positions: [R, c] absolute position of each query row. Returns [R, c, H * d] in q's dtype.
     """
     r, c, heads, d = q.shape
-    _, block, kv_heads, _ = k_cache.shape
+    kv_heads, _, block, _ = k_cache.shape
     group = heads // kv_heads
     nb = block_tables.shape[1]
-    keys = k_cache[block_tables].float().reshape(r, nb * block, kv_heads, d)  # [R, L, Hkv, d]
-    values = v_cache[block_tables].float()  # [R, nb, block, Hkv, d]
-    # heads of one KV head grouped together: [R, Hkv, group * c, d]
-    qg = q.float().view(r, c, kv_heads, group, d).permute(0, 2, 3, 1, 4).reshape(r, kv_heads, group * c, d)
+    keys = k_cache[:, block_tables].float()  # [Hkv, R, nb, block, d]
+    values = v_cache[:, block_tables].float()  # [Hkv, R, nb, block, d]
+    # heads sharing one KV head side by side: [Hkv, R, 1, group * c, d], row m = g * c + i
+    qg = q.float().view(r, c, kv_heads, group, d).permute(2, 0, 3, 1, 4).reshape(kv_heads, r, 1, group * c, d)
     rows = group * c
-    if rows == 1:
-        qg = torch.cat([qg, qg], dim=2)  # a one-row matmul takes another kernel: keep M >= 2
-    scores = torch.matmul(qg * scale, keys.permute(0, 2, 3, 1))  # [R, Hkv, M, L]
-    key_pos = torch.arange(nb * block, device=q.device)
-    row_pos = positions.repeat(1, group)  # [R, group * c], row m = g * c + i
-    if rows == 1:
+    row_pos = positions.repeat(1, group)  # [R, group * c]
+    if rows == 1:  # a one-row matmul takes another kernel: keep M >= 2
+        qg = torch.cat([qg, qg], dim=3)
         row_pos = torch.cat([row_pos, row_pos], dim=1)
-    masked = key_pos[None, None, None, :] > row_pos[:, None, :, None]  # [R, 1, M, L]
-    probs = torch.softmax(scores.masked_fill(masked, float("-inf")), dim=-1)
-    probs = probs.view(r, kv_heads, probs.shape[2], nb, block).permute(
-        0, 1, 3, 2, 4
-    )  # [R, Hkv, nb, M, block]
-    partial = torch.matmul(probs, values.permute(0, 3, 1, 2, 4))  # [R, Hkv, nb, M, d]
-    out = partial.sum(dim=2)[:, :, :rows]  # [R, Hkv, group * c, d]
-    out = out.view(r, kv_heads, group, c, d).permute(0, 3, 1, 2, 4).reshape(r, c, heads * d)
+    m = qg.shape[3]
+    scores = torch.matmul(qg * scale, keys.transpose(-1, -2))  # [Hkv, R, nb, M, block]
+    scores = scores.permute(0, 1, 3, 2, 4).reshape(kv_heads, r, m, nb * block)  # [Hkv, R, M, L]
+    key_pos = torch.arange(nb * block, device=q.device)
+    masked = key_pos[None, None, :] > row_pos[:, :, None]  # [R, M, L]
+    probs = torch.softmax(scores.masked_fill(masked[None], float("-inf")), dim=-1)
+    probs = probs.view(kv_heads, r, m, nb, block).transpose(2, 3)  # [Hkv, R, nb, M, block]
+    out = torch.matmul(probs, values).sum(dim=2)[:, :, :rows]  # [Hkv, R, group * c, d]
+    out = out.view(kv_heads, r, group, c, d).permute(1, 3, 0, 2, 4).reshape(r, c, heads * d)
     return out.to(q.dtype)
