@@ -1,0 +1,91 @@
+"""What the machine can do and what a run achieved: matmul peak, model FLOPs, peak RSS.
+
+Achieved FLOP/s of a schedule = model FLOPs / duration, with model FLOPs (forward only, multiply-add = 2):
+
+    2 * N_nonemb * T_computed          every linear of every layer, for each computed token row
+  + 2 * V * H * T_sampled              the LM head, only on rows whose logits are sampled
+  + 4 * L * (heads * head_dim) * C     attention: q.k and p.v, C = sum over computed rows of the
+                                       number of keys that row attends to (its position + 1)
+
+N_nonemb: parameters without the embedding and LM-head matrices; T_computed: token rows the forward
+ran (prefill and decode, recomputation included, prefix-cache hits excluded; for the padded hf peer,
+the padding too); T_sampled: rows whose logits were computed (one per generated token); V, H, L:
+vocab, hidden size, layers. C counts each request's positions once (a preempted request's recomputed
+rows add to T_computed but not to C), so the attention term is a slight undercount under preemption.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class WorkCount:
+    """What a run computed: token rows through the linears, sampled rows, and attended keys."""
+
+    computed_rows: int
+    sampled_rows: int
+    attended_keys: int
+
+    def __add__(self, other: WorkCount) -> WorkCount:
+        return WorkCount(
+            self.computed_rows + other.computed_rows,
+            self.sampled_rows + other.sampled_rows,
+            self.attended_keys + other.attended_keys,
+        )
+
+
+def nonembedding_params(config: ModelConfig) -> int:
+    """Parameters in the layers and final norm (embeddings and LM head excluded)."""
+    head = 0 if config.tie_word_embeddings else config.vocab_size * config.hidden_size
+    return config.num_params - config.vocab_size * config.hidden_size - head
+
+
+def attended_keys(start: int, end: int) -> int:
+    """Keys attended by rows at positions start..end-1 under a causal mask: sum of (p + 1)."""
+    return (end * (end + 1) - start * (start + 1)) // 2 if end > start else 0
+
+
+def model_flops(config: ModelConfig, work: WorkCount) -> float:
+    """Forward FLOPs of ``work`` (see the module docstring for the formula)."""
+    linear = 2 * nonembedding_params(config) * work.computed_rows
+    head = 2 * config.vocab_size * config.hidden_size * work.sampled_rows
+    attention = 4 * config.num_layers * config.q_size * work.attended_keys
+    return float(linear + head + attention)
+
+
+def matmul_peak_gflops(
+    dtype: torch.dtype, device: torch.device, n: int = 2048, seconds: float = 1.0
+) -> float:
+    """Achieved GFLOP/s of repeated n x n x n matmuls for about ``seconds`` (after one warm-up)."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    torch.mm(a, b, out=out)
+    _sync(device)
+    count, start = 0, time.perf_counter()
+    while True:
+        torch.mm(a, b, out=out)
+        count += 1
+        _sync(device)
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return 2 * n**3 * count / elapsed / 1e9
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process, in MiB (ru_maxrss: KiB on Linux, bytes on macOS)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024

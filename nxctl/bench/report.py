@@ -1,0 +1,140 @@
+"""The bench's human output: a one-line title, the metrics table by schedule, and the lines under it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from rich.table import Table
+
+from nxctl.bench.metrics import LATENCIES, STATS
+from nxctl.bench.options import SEQUENTIAL_SUBSET
+from nxctl.bench.runner import BenchResult
+from nxctl.bench.summary import schedules_json, to_json
+
+
+def _cell(value: Any, digits: int) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, dict):
+        mid = f"{value['median']:.{digits}f}"
+        if value["min"] == value["max"]:
+            return mid
+        return f"{mid} [{value['min']:.{digits}f}-{value['max']:.{digits}f}]"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+ROWS: list[tuple[str, Callable[[dict], Any], int]] = [
+    ("requests completed", lambda m: m.get("completed"), 0),
+    ("duration (s)", lambda m: m.get("duration"), 1),
+    ("request throughput (req/s)", lambda m: m.get("request_throughput"), 3),
+    ("output throughput (tok/s)", lambda m: m.get("output_throughput"), 1),
+    ("total token throughput (tok/s)", lambda m: m.get("total_token_throughput"), 1),
+    *[
+        (
+            f"{lat.removesuffix('_ms').upper()} {stat} (ms)",
+            lambda m, lat=lat, stat=stat: (m.get(lat) or {}).get(stat),
+            1,
+        )
+        for lat in LATENCIES
+        for stat in STATS
+    ],
+    ("achieved GFLOP/s", lambda m: m.get("achieved_gflops"), 2),
+    ("% of matmul peak", lambda m: _percent(m.get("peak_fraction")), 2),
+    ("preemptions", lambda m: m.get("preemptions"), 0),
+    (
+        "prefix cache hits / queries",
+        lambda m: _pair(m.get("prefix_cache_hits"), m.get("prefix_cache_queries")),
+        0,
+    ),
+]
+
+
+def _percent(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: v * 100 for k, v in value.items()}
+    return None if value is None else value * 100
+
+
+def _pair(a: Any, b: Any) -> str | None:
+    if a is None or b is None:
+        return None
+    return f"{_cell(a, 0)} / {_cell(b, 0)}"
+
+
+def title(result: BenchResult) -> str:
+    """One line: what was run, on what."""
+    opts = result.options
+    spec = opts.workload
+    rate = "all at t=0" if math.isinf(spec.rate) else f"Poisson {spec.rate:g} req/s"
+    extra = f", shared prefix {spec.shared_prefix}" if spec.shared_prefix else ""
+    extra += f", {spec.tenants} tenants" if spec.tenants > 1 else ""
+    workload = (
+        f"{spec.num_requests} requests, input {spec.input_len}, output {spec.output_len}, {rate}{extra}"
+    )
+    if opts.url is not None:
+        concurrency = opts.concurrency or spec.num_requests
+        return f"sched bench: {opts.model} served at {opts.url}, {workload}, concurrency {concurrency}"
+    return (
+        f"sched bench: {opts.model} {opts.dtype} on {result.device}, {workload}, max {opts.max_num_seqs} "
+        f"seqs, {result.threads} threads, {opts.repeat} repeat(s)"
+    )
+
+
+def table(result: BenchResult) -> Table:
+    """Metrics by schedule; cells are the median across repeats, with [min-max] when they differ."""
+    schedules = {k: v for k, v in schedules_json(result).items() if k != "single"}
+    spec = result.options.workload
+    grid = Table()
+    grid.add_column("metric")
+    for name, metrics in schedules.items():
+        header = name
+        if "requests_run" in metrics and metrics["requests_run"] != spec.num_requests:
+            header += f"\n(first {metrics['requests_run']})"
+        grid.add_column(header, justify="right")
+    for label, get, digits in ROWS:
+        cells = [get(m) for m in schedules.values()]
+        if all(c is None for c in cells):
+            continue
+        grid.add_row(label, *[c if isinstance(c, str) else _cell(c, digits) for c in cells])
+    if spec.tenants > 1:
+        for tenant in sorted({t for m in schedules.values() for t in (m.get("tenant_output_tokens") or {})}):
+            cells = [(m.get("tenant_output_tokens") or {}).get(tenant) for m in schedules.values()]
+            grid.add_row(f"output tokens, {tenant}", *[_cell(c, 0) for c in cells])
+    return grid
+
+
+def footer(result: BenchResult) -> list[str]:
+    """Lines under the table: what was measured how, the single-request figures, ratios, machine."""
+    data = to_json(result)
+    lines = []
+    if "sequential" in result.runs:
+        lines.append(
+            f"sequential runs one request at a time over the first {SEQUENTIAL_SUBSET} requests only."
+        )
+    if "static" in result.runs or "hf" in result.runs:
+        lines.append(
+            "static and hf: batches of max-num-seqs in arrival order, each run to its longest output; a request "
+            "completes when its batch does; TTFT/ITL from the times its own tokens came out."
+        )
+    single = data["schedules"].get("single")
+    if single:
+        parts = [
+            f"single request ({single.get('output_len')} tokens): ours (invariant) "
+            f"{_cell(single.get('invariant_decode_tps'), 1)} decode tok/s"
+        ]
+        if "hf_decode_tps" in single:
+            parts.append(f"hf {_cell(single.get('hf_decode_tps'), 1)} decode tok/s")
+        lines.append(", ".join(parts))
+    for name, value in data["ratios"].items():
+        lines.append(f"ratio {name}: {_cell(value, 3)}")
+    for name, value in data["agreement"].items():
+        lines.append(f"{name} ({result.options.dtype} vs {result.options.compare_dtype}): {value:.3f}")
+    if result.peak_gflops:
+        peaks = ", ".join(f"{k} {v:.0f}" for k, v in result.peak_gflops.items())
+        lines.append(f"matmul peak measured in this run (GFLOP/s): {peaks}; threads {result.threads}")
+    lines.append(f"peak RSS {result.peak_rss_mb:.0f} MB")
+    if result.setup_s:
+        lines.append("wall time (s): " + ", ".join(f"{k} {v:.1f}" for k, v in result.setup_s.items()))
+    return lines

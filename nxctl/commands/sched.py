@@ -1,0 +1,137 @@
+"""`nxctl sched bench`: the scheduler measured (throughput, TTFT, TPOT, ITL) against simpler schedules and a peer.
+
+Glue only: options -> BenchOptions -> run_bench (nxctl/bench) -> a table on stdout, JSON with --json.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from engine.errors import InvalidRequestError, NxError
+from nxctl.bench.options import SCHEDULES, BenchOptions
+from nxctl.bench.report import footer, table, title
+from nxctl.bench.runner import BenchResult, StartTask, run_bench
+from nxctl.bench.summary import write_json
+from nxctl.bench.workload import LengthRange, WorkloadSpec, parse_weights
+from nxctl.commands.common import fail
+
+app = typer.Typer(help="The scheduler measured: throughput and latency against simpler schedules and a peer.")
+
+
+def parse_rate(text: str) -> float:
+    """'inf' or a positive number of requests/s."""
+    try:
+        rate = float(text)
+    except ValueError:
+        raise InvalidRequestError(f"--rate must be a number of requests/s or inf, got {text!r}") from None
+    if math.isnan(rate) or rate <= 0:
+        raise InvalidRequestError(f"--rate must be a positive number of requests/s or inf, got {text}")
+    return rate
+
+
+def parse_schedules(text: str | None) -> tuple[str, ...]:
+    """'cb_invariant,static' -> ('cb_invariant', 'static'); empty for None (the default set)."""
+    if not text:
+        return ()
+    return tuple(s.strip() for s in text.split(",") if s.strip())
+
+
+def run_with_progress(opts: BenchOptions, console: Console) -> BenchResult:
+    """run_bench with a rich progress bar (one task per schedule run) on ``console`` when it is a terminal,
+    and one line per finished phase and schedule run (with its wall time) on it in any case."""
+    columns = (TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, disable=not console.is_terminal) as progress:
+
+        def start_task(description: str, total: int) -> StartTask:
+            task = progress.add_task(description, total=total)
+            return lambda n: progress.advance(task, n)
+
+        return run_bench(opts, start_task, progress.console.print)  # type: ignore[arg-type]
+
+
+@app.command("bench")
+def bench(
+    model: Annotated[
+        str, typer.Option(help="A named model (smollm2, tiny), a model folder or a .gguf file.")
+    ] = "smollm2",
+    num_requests: Annotated[int, typer.Option("--num-requests", help="Requests in the workload.")] = 64,
+    input_len: Annotated[
+        str, typer.Option("--input-len", help="Prompt lengths drawn from MIN:MAX.")
+    ] = "16:512",
+    output_len: Annotated[
+        str, typer.Option("--output-len", help="Output lengths drawn from MIN:MAX.")
+    ] = "16:256",
+    rate: Annotated[str, typer.Option(help="Poisson arrivals in requests/s; inf = all at time 0.")] = "inf",
+    seed: Annotated[int, typer.Option(help="Seed of the workload (prompts, lengths, arrivals).")] = 0,
+    dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
+    max_num_seqs: Annotated[
+        int, typer.Option("--max-num-seqs", help="Seats per step; static batch size.")
+    ] = 16,
+    threads: Annotated[int | None, typer.Option(help="torch threads (ours and the peer's).")] = None,
+    peer: Annotated[str | None, typer.Option(help="Compare with a peer engine: hf (transformers).")] = None,
+    repeat: Annotated[
+        int, typer.Option(help="Run the schedules interleaved N times; report median, min-max.")
+    ] = 1,
+    schedules: Annotated[
+        str | None, typer.Option(help=f"Comma-separated subset of: {', '.join(SCHEDULES)}.")
+    ] = None,
+    compare_dtype: Annotated[
+        str | None, typer.Option("--compare-dtype", help="Also run cb_invariant in this dtype and compare.")
+    ] = None,
+    shared_prefix: Annotated[
+        int, typer.Option("--shared-prefix", help="Tokens every prompt starts with.")
+    ] = 0,
+    tenants: Annotated[int, typer.Option(help="Tenants the requests are spread over.")] = 1,
+    tenant_weights: Annotated[
+        str | None, typer.Option("--tenant-weights", help="Relative request frequencies, e.g. 3,1.")
+    ] = None,
+    url: Annotated[
+        str | None, typer.Option(help="Bench a running seat's OpenAI API at this URL instead.")
+    ] = None,
+    concurrency: Annotated[int | None, typer.Option(help="With --url: most requests in flight.")] = None,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Also write the results as JSON here.")
+    ] = None,
+) -> None:
+    """Throughput and latency (vLLM's metrics) of our schedules, side by side, optionally against a peer."""
+    try:
+        spec = WorkloadSpec(
+            num_requests=num_requests,
+            input_len=LengthRange.parse(input_len, "--input-len"),
+            output_len=LengthRange.parse(output_len, "--output-len"),
+            rate=parse_rate(rate),
+            seed=seed,
+            shared_prefix=shared_prefix,
+            tenants=tenants,
+            tenant_weights=parse_weights(tenant_weights),
+        )
+        opts = BenchOptions(
+            model=model,
+            workload=spec,
+            dtype=dtype,
+            max_num_seqs=max_num_seqs,
+            threads=threads,
+            peer=peer,
+            repeat=repeat,
+            schedules=parse_schedules(schedules),
+            compare_dtype=compare_dtype,
+            url=url,
+            concurrency=concurrency,
+        )
+        result = run_with_progress(opts, Console(stderr=True))
+    except NxError as exc:
+        fail(str(exc))
+    out = Console(width=None if Console().is_terminal else 160)
+    out.print(title(result), highlight=False)
+    out.print(table(result))
+    for line in footer(result):
+        out.print(line, highlight=False)
+    if json_path is not None:
+        write_json(result, json_path)
+        out.print(f"wrote {json_path}", highlight=False)

@@ -1,0 +1,170 @@
+"""`nxctl sched bench` through Typer's CliRunner: end to end on tiny, the JSON the census reads, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gates.census import load_rows
+from nxctl.cli import app
+
+runner = CliRunner()
+SMALL = ["--model", "tiny", "--num-requests", "4", "--input-len", "4:16", "--output-len", "2:6"]
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, dict]:
+    """One end-to-end run with the peer and a shared prefix, so every figure the census cites can exist."""
+    pytest.importorskip("transformers")
+    out = tmp_path_factory.mktemp("bench") / "out.json"
+    args = [*SMALL, "--peer", "hf", "--shared-prefix", "16", "--max-num-seqs", "2", "--json", str(out)]
+    result = runner.invoke(app, ["sched", "bench", *args])  # 2 seats: later requests find the prefix cached
+    assert result.exit_code == 0, result.output
+    return result, json.loads(out.read_text())
+
+
+def test_table_names_every_schedule_and_metric(bench_run) -> None:
+    result, _ = bench_run
+    out = result.stdout
+    for name in ("cb_invariant", "cb_fast", "cb_nocache", "static", "sequential", "hf"):
+        assert name in out
+    for row in (
+        "output throughput (tok/s)",
+        "TTFT p99 (ms)",
+        "TPOT median (ms)",
+        "ITL mean (ms)",
+        "E2EL p99 (ms)",
+    ):
+        assert row in out
+    assert "achieved GFLOP/s" in out and "peak RSS" in out and "first 8 requests" in out
+
+
+def test_json_carries_the_figures_the_census_cites(bench_run) -> None:
+    _, data = bench_run
+    assert data["device"] in ("cpu", "cuda") and data["peer"] == "hf"
+    assert (
+        data["config"]["workload"]["num_requests"] == 4 and data["config"]["workload"]["shared_prefix"] == 16
+    )
+    figures = data["figures"]
+    cited = {ev.figure for row in load_rows() for ev in row.evidence if ev.figure}
+    assert cited and cited <= figures.keys(), cited - figures.keys()
+    for name in ("cb_invariant", "cb_fast", "static", "sequential", "hf"):
+        for metric in ("request_throughput", "output_throughput", "total_token_throughput", "duration"):
+            assert figures[f"{name}.{metric}"] > 0
+        for lat in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
+            for stat in ("mean", "median", "p99"):
+                assert figures[f"{name}.{lat}.{stat}"] > 0
+        assert figures[f"{name}.completed"] == 4
+        assert 0 < figures[f"{name}.peak_fraction"]
+    assert figures["machine.peak_gflops.float32"] > 0 and figures["peak_rss_mb"] > 0
+    assert figures["cb_invariant.prefix_cache_hits"] > 0 and figures["cb_nocache.prefix_cache_hits"] == 0
+    assert data["machine"]["threads"] >= 1
+    medians = data["schedules"]["cb_invariant"]["ttft_ms"]["p99"]
+    assert set(medians) == {"median", "min", "max"}
+
+
+def test_tenants_report_output_tokens_per_tenant(tmp_path: Path) -> None:
+    out = tmp_path / "t.json"
+    args = [
+        "sched",
+        "bench",
+        *SMALL,
+        "--schedules",
+        "cb_invariant",
+        "--tenants",
+        "2",
+        "--tenant-weights",
+        "1,1",
+        "--seed",
+        "2",
+        "--json",
+        str(out),
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "output tokens, tenant-" in result.stdout
+    assert "bench: cb_invariant done in" in result.stderr  # one log line per schedule run
+    figures = json.loads(out.read_text())["figures"]
+    per_tenant = [v for k, v in figures.items() if k.startswith("cb_invariant.tenant_output_tokens.")]
+    assert sum(per_tenant) == figures["cb_invariant.total_output_tokens"]
+
+
+def test_one_request_and_no_json_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = [
+        "sched",
+        "bench",
+        "--model",
+        "tiny",
+        "--num-requests",
+        "1",
+        "--input-len",
+        "3:3",
+        "--output-len",
+        "1:1",
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "cb_invariant" in result.stdout and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--input-len", "5"], "--input-len must be MIN:MAX"),
+        (["--output-len", "9:2"], "--output-len"),
+        (["--rate", "-1"], "--rate"),
+        (["--rate", "fast"], "--rate"),
+        (["--model", "no-such-model"], "unknown model"),
+        (["--schedules", "cb_invariant,warp"], "unknown schedule"),
+        (["--schedules", "hf"], "needs --peer hf"),
+        (["--tenants", "2", "--tenant-weights", "1"], "--tenant-weights"),
+        (["--input-len", "1020:1022"], "context"),
+        (["--dtype", "int3"], "unsupported dtype"),
+    ],
+)
+def test_bad_input_is_one_clear_line(args: list[str], needle: str) -> None:
+    base = [
+        "sched",
+        "bench",
+        "--model",
+        "tiny",
+        "--num-requests",
+        "2",
+        "--input-len",
+        "4:8",
+        "--output-len",
+        "2:3",
+    ]
+    result = runner.invoke(app, [*base, *args])
+    assert result.exit_code != 0
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("nxctl: error:"), result.stderr
+    assert needle in lines[0]
+
+
+def test_compare_dtype_reports_the_ratio_and_agreement(tmp_path: Path) -> None:
+    out = tmp_path / "bf16.json"
+    args = [
+        "sched",
+        "bench",
+        *SMALL,
+        "--dtype",
+        "bfloat16",
+        "--compare-dtype",
+        "float32",
+        "--schedules",
+        "cb_invariant",
+        "--json",
+        str(out),
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    figures = json.loads(out.read_text())["figures"]
+    assert figures["ratios.bf16_vs_f32_invariant_output_throughput"] > 0
+    assert 0 <= figures["agreement.greedy_agreement"] <= 1
+    assert 0 <= figures["agreement.teacher_forced_top1_agreement"] <= 1
+    assert figures["machine.peak_gflops.bfloat16"] > 0 and "cb_invariant_f32.output_throughput" in figures
