@@ -135,3 +135,40 @@ def bench(
     if json_path is not None:
         write_json(result, json_path)
         out.print(f"wrote {json_path}", highlight=False)
+
+
+@app.command("prefix-chat")
+def prefix_chat(
+    model: Annotated[str, typer.Option(help="Model to measure.")] = "smollm2",
+    num_requests: Annotated[int, typer.Option("--num-requests", help="Chat requests.")] = 32,
+    system_tokens: Annotated[
+        int, typer.Option("--system-tokens", help="Tokens of the shared system prompt.")
+    ] = 256,
+    user_len: Annotated[str, typer.Option("--user-len", help="User message tokens, MIN:MAX.")] = "16:64",
+    output_tokens: Annotated[int, typer.Option("--output-tokens", help="Tokens generated per request.")] = 16,
+    seed: Annotated[int, typer.Option(help="Seed of the prompts.")] = 0,
+) -> None:
+    """Chat requests sharing one system prompt: TTFT with and without the prefix cache, sent one after
+    another and all at once, on the same prompts; outputs must be identical."""
+    from nxctl.bench.prefix_chat import measure
+
+    try:
+        lengths = LengthRange.parse(user_len, "--user-len")
+        if num_requests < 1 or system_tokens < 1 or output_tokens < 1:
+            raise InvalidRequestError("--num-requests, --system-tokens and --output-tokens must be >= 1")
+        results, identical = measure(
+            model, num_requests, system_tokens, lengths.low, lengths.high, output_tokens, seed
+        )
+    except NxError as exc:
+        fail(str(exc))
+    for r in results:
+        typer.echo(
+            f"{r.mode:10} cache {'on ' if r.cache else 'off'}  TTFT p50 {r.ttft_ms_p50:9.1f} ms  "
+            f"p99 {r.ttft_ms_p99:9.1f} ms  cached prompt tokens {r.cached_tokens}"
+        )
+    by = {(r.mode, r.cache): r for r in results}
+    for mode in ("sequential", "rate_inf"):
+        speedup = by[(mode, False)].ttft_ms_p50 / by[(mode, True)].ttft_ms_p50
+        typer.echo(
+            f"{mode}: median TTFT {speedup:.1f}x lower with the cache; outputs identical: {identical[mode]}"
+        )
