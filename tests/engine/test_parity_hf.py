@@ -88,9 +88,7 @@ def test_tiny_logits_and_greedy_match_transformers(tiny_loaded, hf_tiny) -> None
 
 def test_tiny_tokens_equal_transformers(tiny_loaded) -> None:
     transformers = pytest.importorskip("transformers")
-    from conftest import FIXTURES
-
-    hf_tok = transformers.AutoTokenizer.from_pretrained(str(FIXTURES / "tiny"))
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(tiny_loaded.source.path))
     for prompt in PROMPTS:
         messages = [{"role": "user", "content": prompt}]
         theirs = hf_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
