@@ -140,8 +140,7 @@ class Scheduler:
         if not self.config.enable_prefix_caching or seq.num_computed_tokens or seq.block_table:
             return
         full = (seq.num_tokens - 1) // self.pool.block_size
-        hashes = self.pool.block_hashes(seq.all_token_ids, self.model_key, full)
-        blocks = self.pool.match_prefix(hashes)
+        blocks = self.pool.match_prefix(self._hashes(seq, full))
         seq.block_table = blocks
         seq.num_computed_tokens = len(blocks) * self.pool.block_size
         if not seq.output_token_ids:
@@ -152,9 +151,21 @@ class Scheduler:
         if not self.config.enable_prefix_caching:
             return
         full = min(seq.num_computed_tokens // self.pool.block_size, len(seq.block_table))
-        hashes = self.pool.block_hashes(seq.all_token_ids, self.model_key, full)
-        for block, h in zip(seq.block_table[:full], hashes, strict=True):
+        for block, h in zip(seq.block_table[:full], self._hashes(seq, full), strict=True):
             self.pool.register(block, h)
+
+    def _hashes(self, seq: Sequence, count: int) -> list[bytes]:
+        """The hash chain of the request's first ``count`` full blocks, extended incrementally: a block's
+        tokens never change once full, so each is hashed once per request (mutates ``seq.block_hashes``)."""
+        have = seq.block_hashes
+        if len(have) < count:
+            size = self.pool.block_size
+            tokens = seq.all_token_ids
+            parent = have[-1] if have else None
+            for i in range(len(have), count):
+                parent = self.pool.hash_fn(parent, tokens[i * size : (i + 1) * size], self.model_key)
+                have.append(parent)
+        return have[:count]
 
     # ---- the step -----------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:

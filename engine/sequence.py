@@ -42,6 +42,7 @@ class Sequence:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
+    block_hashes: list[bytes] = field(default_factory=list)  # prefix-cache keys of its full blocks, in order
     status: Status = Status.WAITING
     admitted_seq: int = 0
     num_preemptions: int = 0

@@ -81,17 +81,6 @@ class BlockPool:
             if self._refs[block] == 0:
                 self._free[block] = None
 
-    def block_hashes(self, token_ids: Sequence[int], model_key: str, count: int) -> list[BlockHash]:
-        """Hash chain of the first ``count`` full blocks of ``token_ids`` (pure)."""
-        hashes: list[BlockHash] = []
-        parent = None
-        for i in range(count):
-            parent = self.hash_fn(
-                parent, token_ids[i * self.block_size : (i + 1) * self.block_size], model_key
-            )
-            hashes.append(parent)
-        return hashes
-
     def match_prefix(self, hashes: Sequence[BlockHash]) -> list[int]:
         """Take a reference on the longest run of cached blocks matching ``hashes`` (mutates)."""
         self.queries += len(hashes)
