@@ -131,22 +131,28 @@ class ChatCompletionRequest(SamplingFields):
             raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
 
 
+def text_or_token_items(
+    value: str | list[str] | list[int] | list[list[int]], param: str
+) -> list[str | list[int]]:
+    """OpenAI's text-or-tokens field as a list of items (a text, or a list of token ids); 400 when empty."""
+    if isinstance(value, str):
+        items: list[str | list[int]] = [value]
+    elif value and all(isinstance(t, int) for t in value):
+        items = [list(value)]  # type: ignore[arg-type]
+    else:
+        items = list(value)  # type: ignore[arg-type]
+    if not items or any(len(i) == 0 for i in items):
+        raise bad_request(f"{param} must not be empty", param=param)
+    return items
+
+
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=20)
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt(s): texts or token id lists; 400 when empty."""
-        p = self.prompt
-        if isinstance(p, str):
-            items: list[str | list[int]] = [p]
-        elif p and all(isinstance(t, int) for t in p):
-            items = [list(p)]  # type: ignore[arg-type]
-        else:
-            items = list(p)  # type: ignore[arg-type]
-        if not items or any(len(i) == 0 for i in items):
-            raise bad_request("prompt must not be empty", param="prompt")
-        return items
+        return text_or_token_items(self.prompt, "prompt")
 
 
 class EmbeddingRequest(Strict):
@@ -156,13 +162,5 @@ class EmbeddingRequest(Strict):
     user: str | None = None
 
     def inputs(self) -> list[str | list[int]]:
-        p = self.input
-        if isinstance(p, str):
-            items: list[str | list[int]] = [p]
-        elif p and all(isinstance(t, int) for t in p):
-            items = [list(p)]  # type: ignore[arg-type]
-        else:
-            items = list(p)  # type: ignore[arg-type]
-        if not items or any(len(i) == 0 for i in items):
-            raise bad_request("input must not be empty", param="input")
-        return items
+        """The input(s): texts or token id lists; 400 when empty."""
+        return text_or_token_items(self.input, "input")
