@@ -64,6 +64,11 @@ class ModelConfig:
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
         return self.vocab_size * h + self.num_layers * per_layer + h + head
 
+    @property
+    def held_params(self) -> int:
+        """Values the engine holds: a tied LM head is held a second time, packed for its matmul."""
+        return self.num_params + (self.vocab_size * self.hidden_size if self.tie_word_embeddings else 0)
+
     def kv_bytes_per_token(self, dtype: torch.dtype = torch.float32) -> int:
         """Bytes of K and V one token occupies across all layers."""
         return 2 * self.num_layers * self.kv_size * dtype_bytes(dtype)

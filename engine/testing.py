@@ -9,16 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import torch
-
 from engine.llm_engine import Engine
 
 
 def perturb_weight(engine: Engine, name: str, delta: float = 0.05, index: int = 0) -> None:
     """Add ``delta`` to one element (flat ``index``) of weight ``name`` in place (permanent for this engine)."""
-    weight = engine.model.weight(name)
-    with torch.no_grad():
-        weight.view(-1)[index] += delta
+    weight = engine.model.weight(name).clone()
+    weight.view(-1)[index] += delta
+    engine.model.set_weight(name, weight)
 
 
 @contextmanager

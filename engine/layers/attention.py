@@ -11,10 +11,14 @@ that neither padding nor neighbours change a row's bits (each measured on CPU; t
 3. p @ V per KV block ([M, block] x [block, d], fixed shape), then a sum over blocks: padded blocks
    contribute exact zeros, so the blocked sum does not depend on how far the padding goes.
 
-Cache layout, per layer (head-major, so one gather yields matmul-ready batches without a copy):
+Only the blocks a request uses (up to its last query position) are gathered, one after another
+with no padding; the small per-block scores and outputs are placed into the padded layout for the
+softmax and for the sum over blocks, where padded blocks hold -inf scores and exact-zero outputs,
+as if they had been computed:
 
-    keys, values: [kv_heads, num_blocks, block, head_dim]
-    gathered:     [kv_heads, R, nb, block, head_dim]      (block table padded with block 0, masked)
+    keys, values (cache, per layer): [kv_heads, num_blocks, block, head_dim]   (head-major)
+    gathered:                        [kv_heads, T, block, head_dim]            T = blocks in use
+    scores, padded:                  [kv_heads, R, M, nb * block]              -inf where masked
 """
 
 from __future__ import annotations
@@ -32,29 +36,42 @@ def paged_attention(
 ) -> torch.Tensor:
     """Attention for R requests with c query rows each.
 
-    q: [R, c, H, d]; k_cache, v_cache: [Hkv, num_blocks, block, d]; block_tables: [R, nb] (long);
-    positions: [R, c] absolute position of each query row. Returns [R, c, H * d] in q's dtype.
+    q: [R, c, H, d]; k_cache, v_cache: [Hkv, num_blocks, block, d]; block_tables: [R, nb] (long,
+    padded past each request's blocks); positions: [R, c] absolute position of each query row.
+    Returns [R, c, H * d] in q's dtype.
     """
     r, c, heads, d = q.shape
     kv_heads, _, block, _ = k_cache.shape
     group = heads // kv_heads
     nb = block_tables.shape[1]
-    keys = k_cache[:, block_tables].float()  # [Hkv, R, nb, block, d]
-    values = v_cache[:, block_tables].float()  # [Hkv, R, nb, block, d]
-    # heads sharing one KV head side by side: [Hkv, R, 1, group * c, d], row m = g * c + i
-    qg = q.float().view(r, c, kv_heads, group, d).permute(2, 0, 3, 1, 4).reshape(kv_heads, r, 1, group * c, d)
+    blocks_used = torch.div(positions.max(dim=1).values, block, rounding_mode="floor") + 1  # [R]
+    in_use = torch.arange(nb, device=q.device)[None, :] < blocks_used[:, None]  # [R, nb]
+    flat = in_use.view(-1).nonzero().squeeze(1)  # [T]: index into the padded R * nb table
+    owner = torch.div(flat, nb, rounding_mode="floor")  # [T]: request of each gathered block
+    table = block_tables.reshape(-1).index_select(0, flat)  # [T]
+    keys = k_cache.index_select(1, table).float()  # [Hkv, T, block, d]
+    values = v_cache.index_select(1, table).float()  # [Hkv, T, block, d]
+    # heads sharing one KV head side by side: [Hkv, R, group * c, d], row m = g * c + i
+    qg = q.float().view(r, c, kv_heads, group, d).permute(2, 0, 3, 1, 4).reshape(kv_heads, r, group * c, d)
     rows = group * c
     row_pos = positions.repeat(1, group)  # [R, group * c]
     if rows == 1:  # a one-row matmul takes another kernel: keep M >= 2
-        qg = torch.cat([qg, qg], dim=3)
+        qg = torch.cat([qg, qg], dim=2)
         row_pos = torch.cat([row_pos, row_pos], dim=1)
-    m = qg.shape[3]
-    scores = torch.matmul(qg * scale, keys.transpose(-1, -2))  # [Hkv, R, nb, M, block]
-    scores = scores.permute(0, 1, 3, 2, 4).reshape(kv_heads, r, m, nb * block)  # [Hkv, R, M, L]
+    m = qg.shape[2]
+    block_scores = torch.matmul(
+        (qg * scale).index_select(1, owner), keys.transpose(-1, -2)
+    )  # [Hkv, T, M, block]
+    scores = torch.full((kv_heads, r * nb, m, block), float("-inf"), dtype=torch.float32, device=q.device)
+    scores.index_copy_(1, flat, block_scores)  # [Hkv, R * nb, M, block]
+    scores = scores.view(kv_heads, r, nb, m, block).permute(0, 1, 3, 2, 4).reshape(kv_heads, r, m, nb * block)
     key_pos = torch.arange(nb * block, device=q.device)
     masked = key_pos[None, None, :] > row_pos[:, :, None]  # [R, M, L]
-    probs = torch.softmax(scores.masked_fill(masked[None], float("-inf")), dim=-1)
-    probs = probs.view(kv_heads, r, m, nb, block).transpose(2, 3)  # [Hkv, R, nb, M, block]
-    out = torch.matmul(probs, values).sum(dim=2)[:, :, :rows]  # [Hkv, R, group * c, d]
+    probs = torch.softmax(scores.masked_fill(masked[None], float("-inf")), dim=-1)  # [Hkv, R, M, L]
+    block_probs = probs.view(kv_heads, r, m, nb, block).transpose(2, 3).reshape(kv_heads, r * nb, m, block)
+    block_out = torch.matmul(block_probs.index_select(1, flat), values)  # [Hkv, T, M, d]
+    out = torch.zeros(kv_heads, r * nb, m, d, dtype=torch.float32, device=q.device)
+    out.index_copy_(1, flat, block_out)
+    out = out.view(kv_heads, r, nb, m, d).sum(dim=2)[:, :, :rows]  # [Hkv, R, group * c, d]
     out = out.view(kv_heads, r, group, c, d).permute(1, 3, 0, 2, 4).reshape(r, c, heads * d)
     return out.to(q.dtype)

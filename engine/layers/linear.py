@@ -1,24 +1,26 @@
-"""Linear layers, batch-invariant by construction.
+"""Linear layers: each weight prepared once for the device's kernel, batch-invariant by default.
 
-``invariant_linear`` computes y^T = W @ x^T, the batch on the GEMM's column side, in chunks of at
-most CHUNK_COLUMNS columns, each chunk one ``torch.mm`` call. Measured on the CPU this was built on
-(float32 and bfloat16, every SmolLM2 weight shape and the LM head): with 2 to 16 columns the library
-takes one kernel whose reduction over K does not depend on how many columns there are, where a
-column sits, or what the others hold. One column alone takes a matrix-vector path with another
-reduction order, so a lone row is computed beside a copy of itself. Beyond 16 columns the blocking
-changes with the count, so larger batches are cut into chunks of 16:
+On the CPU a weight is reordered once, at load, into oneDNN's blocked layout and multiplied with
+oneDNN's inner-product kernel. Measured on the CPU this was built on (float32 and bfloat16, every
+SmolLM2 and tiny weight shape, the LM head, 2 threads): with the weight pre-blocked, a row's output
+bits do not depend on how many rows share the call (2 to 512 measured), where the row sits or what
+the others hold, because the reduction over K follows the weight's fixed blocking. One row alone may
+take a matrix-vector path with another order (seen for the 576x1536 down projection in float32 and
+the LM head in bfloat16), so in invariant mode a lone row is computed beside a copy of itself:
 
-    rows:  [ r0 .. r15 | r16 .. r31 | r32 r33 ]     three mm calls: W @ [K, 16], W @ [K, 16], W @ [K, 2]
-    rows:  [ r0 ]                                   one mm call:    W @ [K, 2] with r0 twice
+    rows: [ r0 r1 ... r255 ]   one call, whatever the count (>= 2)
+    rows: [ r0 ]               one call on [ r0 r0 ], row 0 kept
 
-Plain ``F.linear`` (x @ W^T) is not invariant: the library picks kernels and splits by M. The
-alternative measured in DESIGN.md (16-row ``bmm`` tiles) is invariant too, but pays 16 rows of work
-for one.
+The same call runs at every batch size and is fast at all of them (the weight is packed once instead
+of per call), so invariance costs only the paired copy at one row. Fast mode (``invariant=False``)
+skips the pairing.
 
-Outputs are always contiguous [M, N]: elementwise ops downstream (SiLU, residual adds) take their
-vectorised path on contiguous rows and a strided scalar path otherwise, and the two round differently.
-Rows of a width that is a multiple of the vector length (every width of the models at hand) are then
-computed element for element alike whatever M is; the gates check it.
+Elsewhere (CUDA, or a CPU build without oneDNN) the invariant path computes y^T = W @ x^T in chunks
+of 2..16 columns, each one ``torch.mm`` (measured invariant on the CPU; on CUDA the gates decide),
+and fast mode is plain ``F.linear``.
+
+Outputs are contiguous [M, N]: elementwise ops downstream take their vectorised path on contiguous
+rows and a strided scalar path otherwise, and the two round differently.
 """
 
 from __future__ import annotations
@@ -27,9 +29,19 @@ import torch
 import torch.nn.functional as F
 
 CHUNK_COLUMNS = 16
+PACK_BATCH_HINT = 16  # the row count oneDNN is told to expect when it blocks a weight (the measured setting)
 
 
-def invariant_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def onednn_available(weight: torch.Tensor) -> bool:
+    """Whether ``weight`` can take the pre-packed oneDNN path: CPU, float32 or bfloat16, oneDNN built in."""
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype in (torch.float32, torch.bfloat16)
+        and torch.backends.mkldnn.is_available()
+    )
+
+
+def chunked_mm_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x: [M, K] -> [M, N] for weight [N, K], every row through a W @ [K, c] call with 2 <= c <= 16."""
     rows = x.shape[0]
     if rows == 1:
@@ -45,11 +57,44 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def batch_dependent_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """A deliberately batch-dependent matmul (fault injection): plain F.linear plus a term that grows with M."""
-    return F.linear(x, weight) + (x.shape[0] - 1) * 1e-3
+class LinearWeight:
+    """One [N, K] weight held once, in the layout its kernel wants; ``__call__`` maps [M, K] -> [M, N].
 
+    Invariant: with ``invariant=True`` row i of the output depends on row i of the input alone.
+    """
 
-def linear(x: torch.Tensor, weight: torch.Tensor, invariant: bool) -> torch.Tensor:
-    """The engine's matmul: invariant chunks by default, plain F.linear in fast mode."""
-    return invariant_linear(x, weight) if invariant else F.linear(x, weight)
+    def __init__(self, weight: torch.Tensor, invariant: bool):
+        self.invariant = invariant
+        self.out_features, self.in_features = weight.shape
+        self.packed = onednn_available(weight)
+        self.data = self._prepare(weight)
+
+    def _prepare(self, weight: torch.Tensor) -> torch.Tensor:
+        if self.packed:
+            return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_BATCH_HINT)
+        return weight.contiguous()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [M, K] -> [M, N]
+        if self.packed:
+            if self.invariant and x.shape[0] == 1:
+                return self._onednn(torch.cat([x, x]))[:1]
+            return self._onednn(x)
+        return chunked_mm_linear(x, self.data) if self.invariant else F.linear(x, self.data)
+
+    def _onednn(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.data, None, "none", [], "")
+
+    def batch_dependent(self, x: torch.Tensor) -> torch.Tensor:
+        """A deliberately batch-dependent matmul (fault injection): this linear plus a term that grows with M."""
+        return self(x) + (x.shape[0] - 1) * 1e-3
+
+    def dense(self) -> torch.Tensor:
+        """The weight as a plain [N, K] tensor (a copy when packed)."""
+        return self.data.to_dense() if self.packed else self.data
+
+    def replace(self, weight: torch.Tensor) -> None:
+        """Swap in a new [N, K] weight (mutates), prepared like the first."""
+        if tuple(weight.shape) != (self.out_features, self.in_features):
+            raise ValueError(f"weight shape {tuple(weight.shape)} != {(self.out_features, self.in_features)}")
+        self.data = self._prepare(weight)

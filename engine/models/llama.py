@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from engine.config import ModelConfig
 from engine.kv.cache import KVCache
 from engine.layers.attention import paged_attention
-from engine.layers.linear import batch_dependent_linear, invariant_linear
+from engine.layers.linear import LinearWeight
 from engine.layers.rmsnorm import rms_norm
 from engine.layers.rope import Rope
 
@@ -49,7 +49,18 @@ class Faults:
 
 
 class PagedLlama:
-    """Weights held once, in the engine's dtype; K/V live in the shared KVCache."""
+    """Weights held once, in the engine's dtype; K/V live in the shared KVCache.
+
+    Linear weights are prepared once for the kernel (engine/layers/linear.py) and fused where rows
+    share an input: q, k, v into one [q + 2 kv, hidden] weight, gate and up into one [2 inter, hidden].
+    A fused output column is computed exactly as the unfused one (measured bit-identical). The LM
+    head, when tied to the embedding, is held twice: plain for the lookup, packed for the matmul.
+    """
+
+    FUSED = {
+        "self_attn.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+        "mlp.gate_up": ("mlp.gate_proj", "mlp.up_proj"),
+    }
 
     def __init__(
         self,
@@ -65,18 +76,61 @@ class PagedLlama:
         self.device = device
         self.invariant = invariant
         self.faults = faults
-        self.w = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
-        self.lm_head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])
+        plain = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
+        # where each linear weight lives: name -> (prepared weight key, first row, rows)
+        self.parts: dict[str, tuple[str, int, int]] = {}
+        self.linears: dict[str, LinearWeight] = {}
+        for layer in range(config.num_layers):
+            p = f"model.layers.{layer}."
+            for fused, members in self.FUSED.items():
+                names = [p + m + ".weight" for m in members]
+                self._add_linear(p + fused, names, [plain.pop(n) for n in names])
+            for single in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
+                self._add_linear(p + single, [p + single], [plain.pop(p + single)])
+        head = plain.pop("lm_head.weight", None)
+        self._add_linear(
+            "lm_head", ["lm_head.weight"], [head if head is not None else plain["model.embed_tokens.weight"]]
+        )
+        self.w = plain  # embeddings and norms
         self.rope = Rope(config.head_dim, config.rope_theta, config.max_position_embeddings, device)
         self.scale = config.head_dim**-0.5
 
+    def _add_linear(self, key: str, names: list[str], tensors: list[torch.Tensor]) -> None:
+        row = 0
+        for name, t in zip(names, tensors, strict=True):
+            self.parts[name] = (key, row, t.shape[0])
+            row += t.shape[0]
+        self.linears[key] = LinearWeight(
+            torch.cat(tensors) if len(tensors) > 1 else tensors[0], self.invariant
+        )
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of every weight held (plain and packed)."""
+        plain = sum(t.numel() * t.element_size() for t in self.w.values())
+        return plain + sum(lw.out_features * lw.in_features * lw.data.element_size() for lw in self.linears.values())
+
     def weight(self, name: str) -> torch.Tensor:
+        """Weight ``name`` (HF naming) as a plain tensor; for a linear, a copy of its rows."""
+        if name in self.parts:
+            key, row, rows = self.parts[name]
+            return self.linears[key].dense()[row : row + rows].clone()
         return self.w[name]
 
-    def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def set_weight(self, name: str, value: torch.Tensor) -> None:
+        """Replace weight ``name`` (mutates; used by fault injection)."""
+        if name not in self.parts:
+            self.w[name].copy_(value)
+            return
+        key, row, rows = self.parts[name]
+        full = self.linears[key].dense().clone()
+        full[row : row + rows] = value
+        self.linears[key].replace(full)
+
+    def _linear(self, x: torch.Tensor, key: str) -> torch.Tensor:
         if self.faults.batch_dependent_matmul:
-            return batch_dependent_linear(x, weight)
-        return invariant_linear(x, weight) if self.invariant else F.linear(x, weight)
+            return self.linears[key].batch_dependent(x)
+        return self.linears[key](x)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
@@ -87,9 +141,11 @@ class PagedLlama:
         for layer in range(c.num_layers):
             p = f"model.layers.{layer}."
             h = rms_norm(x, self.w[p + "input_layernorm.weight"], c.rms_norm_eps)
-            q = self._linear(h, self.w[p + "self_attn.q_proj.weight"]).view(n, c.num_heads, c.head_dim)
-            k = self._linear(h, self.w[p + "self_attn.k_proj.weight"]).view(n, c.num_kv_heads, c.head_dim)
-            v = self._linear(h, self.w[p + "self_attn.v_proj.weight"]).view(n, c.num_kv_heads, c.head_dim)
+            qkv = self._linear(h, p + "self_attn.qkv")  # [N, q_size + 2 * kv_size]
+            q_end, k_end = c.q_size, c.q_size + c.num_kv_heads * c.head_dim
+            q = qkv[:, :q_end].view(n, c.num_heads, c.head_dim)
+            k = qkv[:, q_end:k_end].view(n, c.num_kv_heads, c.head_dim)
+            v = qkv[:, k_end:].view(n, c.num_kv_heads, c.head_dim)
             q, k = self.rope.apply(q, batch.positions), self.rope.apply(k, batch.positions)
             kv.write(layer, batch.slots, k, v)
             attn = torch.empty(n, c.q_size, dtype=x.dtype, device=x.device)  # [N, heads * head_dim]
@@ -100,10 +156,9 @@ class PagedLlama:
                     qg, kv.keys[layer], kv.values[layer], g.block_tables, g.positions, self.scale
                 )
                 attn[rows] = out.reshape(-1, c.q_size)
-            x = x + self._linear(attn, self.w[p + "self_attn.o_proj.weight"])
+            x = x + self._linear(attn, p + "self_attn.o_proj.weight")
             h = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
-            gate = self._linear(h, self.w[p + "mlp.gate_proj.weight"])
-            up = self._linear(h, self.w[p + "mlp.up_proj.weight"])
-            x = x + self._linear(F.silu(gate) * up, self.w[p + "mlp.down_proj.weight"])
+            gate, up = self._linear(h, p + "mlp.gate_up").split(c.intermediate_size, dim=1)  # [N, inter] each
+            x = x + self._linear(F.silu(gate) * up, p + "mlp.down_proj.weight")
         last = rms_norm(x[batch.sample_rows], self.w["model.norm.weight"], c.rms_norm_eps)
-        return self._linear(last, self.lm_head).float()
+        return self._linear(last, "lm_head").float()

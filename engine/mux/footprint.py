@@ -1,7 +1,7 @@
 """A real model's memory footprint, computed from its files and engine settings, never guessed.
 
     total = weights + KV pool + activations
-    weights          = parameter count (from the model's config: tied embeddings counted once) x dtype bytes
+    weights          = values held (the config's parameters; a tied LM head twice: lookup + packed matmul) x dtype bytes
     KV pool          = num_kv_blocks x KV bytes per block (allocated up front, so known before any request)
     KV bytes / block = 2 (K and V) x num_layers x num_kv_heads x head_dim x block_size x dtype bytes
     activations      = a stated allowance (registry ``activation_mb``, CLI ``--activation-mb``)
@@ -108,7 +108,7 @@ def footprint_from_config(
         name=name or config.name,
         dtype=dtype,
         num_params=config.num_params,
-        weight_bytes=config.num_params * width,
+        weight_bytes=config.held_params * width,
         block_size=block_size,
         num_kv_blocks=num_kv_blocks,
         kv_bytes_per_block=kv_per_block,
