@@ -23,51 +23,79 @@ as if they had been computed:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
-def paged_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    positions: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """Attention for R requests with c query rows each.
+@dataclass(frozen=True)
+class AttentionPlan:
+    """Where one group's rows read their keys, computed once per step and shared by every layer.
 
-    q: [R, c, H, d]; k_cache, v_cache: [Hkv, num_blocks, block, d]; block_tables: [R, nb] (long,
-    padded past each request's blocks); positions: [R, c] absolute position of each query row.
-    Returns [R, c, H * d] in q's dtype.
+    R requests, c query rows each, ``group`` query heads per KV head: M = max(2, group * c) matmul rows.
+    """
+
+    requests: int
+    rows_each: int
+    group: int
+    padded_blocks: int  # nb: the longest block table of the group
+    flat: torch.Tensor  # [T] long: index of each block in use into the padded [R * nb] table
+    owner: torch.Tensor  # [T] long: the request each block in use belongs to
+    table: torch.Tensor  # [T] long: the pool block each in-use block reads
+    masked: torch.Tensor  # [R, M, nb * block] bool: key slot after the query row's position (or padding)
+
+
+def plan_attention(
+    block_tables: torch.Tensor, positions: torch.Tensor, block: int, group: int
+) -> AttentionPlan:
+    """Plan R requests' attention. block_tables: [R, nb] long (padded); positions: [R, c] long."""
+    r, c = positions.shape
+    nb = block_tables.shape[1]
+    device = block_tables.device
+    blocks_used = torch.div(positions.max(dim=1).values, block, rounding_mode="floor") + 1  # [R]
+    in_use = torch.arange(nb, device=device)[None, :] < blocks_used[:, None]  # [R, nb]
+    flat = in_use.view(-1).nonzero().squeeze(1)  # [T]
+    row_pos = positions.repeat(1, group)  # [R, group * c], row m = g * c + i
+    if group * c == 1:  # one-row groups are computed as two identical rows
+        row_pos = torch.cat([row_pos, row_pos], dim=1)
+    key_pos = torch.arange(nb * block, device=device)
+    return AttentionPlan(
+        requests=r,
+        rows_each=c,
+        group=group,
+        padded_blocks=nb,
+        flat=flat,
+        owner=torch.div(flat, nb, rounding_mode="floor"),
+        table=block_tables.reshape(-1).index_select(0, flat),
+        masked=key_pos[None, None, :] > row_pos[:, :, None],
+    )
+
+
+def paged_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan, scale: float
+) -> torch.Tensor:
+    """Attention for the plan's R requests with c query rows each.
+
+    q: [R, c, H, d]; k_cache, v_cache: [Hkv, num_blocks, block, d]. Returns [R, c, H * d] in q's dtype.
     """
     r, c, heads, d = q.shape
     kv_heads, _, block, _ = k_cache.shape
-    group = heads // kv_heads
-    nb = block_tables.shape[1]
-    blocks_used = torch.div(positions.max(dim=1).values, block, rounding_mode="floor") + 1  # [R]
-    in_use = torch.arange(nb, device=q.device)[None, :] < blocks_used[:, None]  # [R, nb]
-    flat = in_use.view(-1).nonzero().squeeze(1)  # [T]: index into the padded R * nb table
-    owner = torch.div(flat, nb, rounding_mode="floor")  # [T]: request of each gathered block
-    table = block_tables.reshape(-1).index_select(0, flat)  # [T]
-    keys = k_cache.index_select(1, table).float()  # [Hkv, T, block, d]
-    values = v_cache.index_select(1, table).float()  # [Hkv, T, block, d]
+    group, nb, flat = plan.group, plan.padded_blocks, plan.flat
+    keys = k_cache.index_select(1, plan.table).float()  # [Hkv, T, block, d]
+    values = v_cache.index_select(1, plan.table).float()  # [Hkv, T, block, d]
     # heads sharing one KV head side by side: [Hkv, R, group * c, d], row m = g * c + i
     qg = q.float().view(r, c, kv_heads, group, d).permute(2, 0, 3, 1, 4).reshape(kv_heads, r, group * c, d)
     rows = group * c
-    row_pos = positions.repeat(1, group)  # [R, group * c]
     if rows == 1:  # a one-row matmul takes another kernel: keep M >= 2
         qg = torch.cat([qg, qg], dim=2)
-        row_pos = torch.cat([row_pos, row_pos], dim=1)
     m = qg.shape[2]
     block_scores = torch.matmul(
-        (qg * scale).index_select(1, owner), keys.transpose(-1, -2)
+        (qg * scale).index_select(1, plan.owner), keys.transpose(-1, -2)
     )  # [Hkv, T, M, block]
     scores = torch.full((kv_heads, r * nb, m, block), float("-inf"), dtype=torch.float32, device=q.device)
     scores.index_copy_(1, flat, block_scores)  # [Hkv, R * nb, M, block]
     scores = scores.view(kv_heads, r, nb, m, block).permute(0, 1, 3, 2, 4).reshape(kv_heads, r, m, nb * block)
-    key_pos = torch.arange(nb * block, device=q.device)
-    masked = key_pos[None, None, :] > row_pos[:, :, None]  # [R, M, L]
-    probs = torch.softmax(scores.masked_fill(masked[None], float("-inf")), dim=-1)  # [Hkv, R, M, L]
+    probs = torch.softmax(scores.masked_fill(plan.masked[None], float("-inf")), dim=-1)  # [Hkv, R, M, L]
     block_probs = probs.view(kv_heads, r, m, nb, block).transpose(2, 3).reshape(kv_heads, r * nb, m, block)
     block_out = torch.matmul(block_probs.index_select(1, flat), values)  # [Hkv, T, M, d]
     out = torch.zeros(kv_heads, r * nb, m, d, dtype=torch.float32, device=q.device)

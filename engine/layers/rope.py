@@ -15,9 +15,17 @@ class Rope:
         self.cos = emb.cos().to(device)
         self.sin = emb.sin().to(device)
 
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin rows for positions [T]: [T, 1, head_dim] each (compute once per step, use per layer)."""
+        return self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+
     def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # x: [T, heads, head_dim]; positions: [T] -> [T, heads, head_dim] (elementwise: row-invariant)
-        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        return self.rotate(x, *self.tables(positions))
+
+    @staticmethod
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x: [T, heads, head_dim]; cos, sin: [T, 1, head_dim] -> [T, heads, head_dim]
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return (x.float() * cos + rotated.float() * sin).to(x.dtype)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from engine.config import ModelConfig
 from engine.kv.cache import KVCache
-from engine.layers.attention import paged_attention
+from engine.layers.attention import paged_attention, plan_attention
 from engine.layers.linear import LinearWeight
 from engine.layers.rmsnorm import rms_norm
 from engine.layers.rope import Rope
@@ -108,7 +108,9 @@ class PagedLlama:
     def weight_bytes(self) -> int:
         """Bytes of every weight held (plain and packed)."""
         plain = sum(t.numel() * t.element_size() for t in self.w.values())
-        return plain + sum(lw.out_features * lw.in_features * lw.data.element_size() for lw in self.linears.values())
+        return plain + sum(
+            lw.out_features * lw.in_features * lw.data.element_size() for lw in self.linears.values()
+        )
 
     def weight(self, name: str) -> torch.Tensor:
         """Weight ``name`` (HF naming) as a plain tensor; for a linear, a copy of its rows."""
@@ -138,6 +140,9 @@ class PagedLlama:
         c = self.config
         n = batch.token_ids.shape[0]
         x = self.w["model.embed_tokens.weight"][batch.token_ids]  # [N, hidden]
+        group = c.num_heads // c.num_kv_heads
+        plans = [plan_attention(g.block_tables, g.positions, kv.block_size, group) for g in batch.groups]
+        cos, sin = self.rope.tables(batch.positions)  # [N, 1, head_dim] each, shared by every layer
         for layer in range(c.num_layers):
             p = f"model.layers.{layer}."
             h = rms_norm(x, self.w[p + "input_layernorm.weight"], c.rms_norm_eps)
@@ -146,15 +151,13 @@ class PagedLlama:
             q = qkv[:, :q_end].view(n, c.num_heads, c.head_dim)
             k = qkv[:, q_end:k_end].view(n, c.num_kv_heads, c.head_dim)
             v = qkv[:, k_end:].view(n, c.num_kv_heads, c.head_dim)
-            q, k = self.rope.apply(q, batch.positions), self.rope.apply(k, batch.positions)
+            q, k = self.rope.rotate(q, cos, sin), self.rope.rotate(k, cos, sin)
             kv.write(layer, batch.slots, k, v)
             attn = torch.empty(n, c.q_size, dtype=x.dtype, device=x.device)  # [N, heads * head_dim]
-            for g in batch.groups:
+            for g, plan in zip(batch.groups, plans, strict=True):
                 rows = slice(g.start, g.start + g.requests * g.rows_each)
                 qg = q[rows].view(g.requests, g.rows_each, c.num_heads, c.head_dim)
-                out = paged_attention(
-                    qg, kv.keys[layer], kv.values[layer], g.block_tables, g.positions, self.scale
-                )
+                out = paged_attention(qg, kv.keys[layer], kv.values[layer], plan, self.scale)
                 attn[rows] = out.reshape(-1, c.q_size)
             x = x + self._linear(attn, p + "self_attn.o_proj.weight")
             h = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
