@@ -1,4 +1,4 @@
-"""The KV tensors, allocated once up front: per layer, K and V of [kv_heads, num_blocks, block_size, head_dim]."""
+"""The KV tensors, allocated once up front: per layer, K and V of [num_blocks, kv_heads, block_size, head_dim]."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ class KVCache:
     def __init__(
         self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
     ):
-        shape = (config.num_kv_heads, num_blocks, block_size, config.head_dim)
+        shape = (num_blocks, config.num_kv_heads, block_size, config.head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
         self.block_size = block_size
@@ -22,14 +22,23 @@ class KVCache:
     def bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values)
 
-    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store K/V rows at flat slots (block * block_size + offset). k, v: [T, kv_heads, head_dim]."""
+    def rows_of(self, slots: torch.Tensor) -> torch.Tensor:
+        """Rows of the [num_blocks * kv_heads * block_size, head_dim] view that flat slots (block *
+        block_size + offset) occupy, head by head: [T * kv_heads] long (compute once per step)."""
+        heads = self.keys[0].shape[1]
+        block = torch.div(slots, self.block_size, rounding_mode="floor")
+        first = block * heads * self.block_size + slots % self.block_size  # [T]: head 0's row
+        offsets = torch.arange(heads, device=slots.device) * self.block_size  # [kv_heads]
+        return (first[:, None] + offsets[None, :]).reshape(-1)
+
+    def write(self, layer: int, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store K/V at ``rows`` (from ``rows_of``). k, v: [T, kv_heads, head_dim]."""
         # index_copy_ is ~100x faster than advanced-index assignment here
-        heads, dim = k.shape[1], k.shape[2]
-        self.keys[layer].view(heads, -1, dim).index_copy_(1, slots, k.transpose(0, 1))
-        self.values[layer].view(heads, -1, dim).index_copy_(1, slots, v.transpose(0, 1))
+        dim = k.shape[2]
+        self.keys[layer].view(-1, dim).index_copy_(0, rows, k.reshape(-1, dim))
+        self.values[layer].view(-1, dim).index_copy_(0, rows, v.reshape(-1, dim))
 
     def swap_blocks(self, a: int, b: int) -> None:
         """Exchange the contents of two blocks in every layer (fault injection only)."""
         for t in self.keys + self.values:
-            t[:, [a, b]] = t[:, [b, a]]
+            t[[a, b]] = t[[b, a]]

@@ -16,9 +16,12 @@ with no padding; the small per-block scores and outputs are placed into the padd
 softmax and for the sum over blocks, where padded blocks hold -inf scores and exact-zero outputs,
 as if they had been computed:
 
-    keys, values (cache, per layer): [kv_heads, num_blocks, block, head_dim]   (head-major)
-    gathered:                        [kv_heads, T, block, head_dim]            T = blocks in use
-    scores, padded:                  [kv_heads, R, M, nb * block]              -inf where masked
+    keys, values (cache, per layer): [num_blocks, kv_heads, block, head_dim]   (block-major)
+    gathered:                        [T, kv_heads, block, head_dim]            T = blocks in use
+    scores, padded:                  [R, kv_heads, M, nb * block]              -inf where masked
+
+Block-major, because gathering whole blocks along the first dimension is a run of contiguous copies
+(measured 4.6x faster than the same gather along a second dimension).
 """
 
 from __future__ import annotations
@@ -76,30 +79,32 @@ def paged_attention(
 ) -> torch.Tensor:
     """Attention for the plan's R requests with c query rows each.
 
-    q: [R, c, H, d]; k_cache, v_cache: [Hkv, num_blocks, block, d]. Returns [R, c, H * d] in q's dtype.
+    q: [R, c, H, d]; k_cache, v_cache: [num_blocks, Hkv, block, d]. Returns [R, c, H * d] in q's dtype.
     """
     r, c, heads, d = q.shape
-    kv_heads, _, block, _ = k_cache.shape
+    _, kv_heads, block, _ = k_cache.shape
     group, nb, flat = plan.group, plan.padded_blocks, plan.flat
-    keys = k_cache.index_select(1, plan.table).float()  # [Hkv, T, block, d]
-    values = v_cache.index_select(1, plan.table).float()  # [Hkv, T, block, d]
-    # heads sharing one KV head side by side: [Hkv, R, group * c, d], row m = g * c + i
-    qg = q.float().view(r, c, kv_heads, group, d).permute(2, 0, 3, 1, 4).reshape(kv_heads, r, group * c, d)
+    keys = k_cache.index_select(0, plan.table).float()  # [T, Hkv, block, d]
+    values = v_cache.index_select(0, plan.table).float()  # [T, Hkv, block, d]
+    # heads sharing one KV head side by side: [R, Hkv, group * c, d], row m = g * c + i
+    qg = q.float().view(r, c, kv_heads, group, d).permute(0, 2, 3, 1, 4).reshape(r, kv_heads, group * c, d)
     rows = group * c
     if rows == 1:  # a one-row matmul takes another kernel: keep M >= 2
         qg = torch.cat([qg, qg], dim=2)
     m = qg.shape[2]
     block_scores = torch.matmul(
-        (qg * scale).index_select(1, plan.owner), keys.transpose(-1, -2)
-    )  # [Hkv, T, M, block]
-    scores = torch.full((kv_heads, r * nb, m, block), float("-inf"), dtype=torch.float32, device=q.device)
-    scores.index_copy_(1, flat, block_scores)  # [Hkv, R * nb, M, block]
-    scores = scores.view(kv_heads, r, nb, m, block).permute(0, 1, 3, 2, 4).reshape(kv_heads, r, m, nb * block)
-    probs = torch.softmax(scores.masked_fill(plan.masked[None], float("-inf")), dim=-1)  # [Hkv, R, M, L]
-    block_probs = probs.view(kv_heads, r, m, nb, block).transpose(2, 3).reshape(kv_heads, r * nb, m, block)
-    block_out = torch.matmul(block_probs.index_select(1, flat), values)  # [Hkv, T, M, d]
-    out = torch.zeros(kv_heads, r * nb, m, d, dtype=torch.float32, device=q.device)
-    out.index_copy_(1, flat, block_out)
-    out = out.view(kv_heads, r, nb, m, d).sum(dim=2)[:, :, :rows]  # [Hkv, R, group * c, d]
-    out = out.view(kv_heads, r, group, c, d).permute(1, 3, 0, 2, 4).reshape(r, c, heads * d)
+        (qg * scale).index_select(0, plan.owner), keys.transpose(-1, -2)
+    )  # [T, Hkv, M, block]
+    scores = torch.full((r * nb, kv_heads, m, block), float("-inf"), dtype=torch.float32, device=q.device)
+    scores.index_copy_(0, flat, block_scores)  # [R * nb, Hkv, M, block]
+    scores = scores.view(r, nb, kv_heads, m, block).permute(0, 2, 3, 1, 4).reshape(r, kv_heads, m, nb * block)
+    probs = torch.softmax(scores.masked_fill(plan.masked[:, None], float("-inf")), dim=-1)  # [R, Hkv, M, L]
+    block_probs = (
+        probs.view(r, kv_heads, m, nb, block).permute(0, 3, 1, 2, 4).reshape(r * nb, kv_heads, m, block)
+    )
+    block_out = torch.matmul(block_probs.index_select(0, flat), values)  # [T, Hkv, M, d]
+    out = torch.zeros(r * nb, kv_heads, m, d, dtype=torch.float32, device=q.device)
+    out.index_copy_(0, flat, block_out)
+    out = out.view(r, nb, kv_heads, m, d).sum(dim=1)[:, :, :rows]  # [R, Hkv, group * c, d]
+    out = out.view(r, kv_heads, group, c, d).permute(0, 3, 1, 2, 4).reshape(r, c, heads * d)
     return out.to(q.dtype)

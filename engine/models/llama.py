@@ -142,6 +142,7 @@ class PagedLlama:
         x = self.w["model.embed_tokens.weight"][batch.token_ids]  # [N, hidden]
         group = c.num_heads // c.num_kv_heads
         plans = [plan_attention(g.block_tables, g.positions, kv.block_size, group) for g in batch.groups]
+        kv_rows = kv.rows_of(batch.slots)  # [N * kv_heads]
         cos, sin = self.rope.tables(batch.positions)  # [N, 1, head_dim] each, shared by every layer
         for layer in range(c.num_layers):
             p = f"model.layers.{layer}."
@@ -152,7 +153,7 @@ class PagedLlama:
             k = qkv[:, q_end:k_end].view(n, c.num_kv_heads, c.head_dim)
             v = qkv[:, k_end:].view(n, c.num_kv_heads, c.head_dim)
             q, k = self.rope.rotate(q, cos, sin), self.rope.rotate(k, cos, sin)
-            kv.write(layer, batch.slots, k, v)
+            kv.write(layer, kv_rows, k, v)
             attn = torch.empty(n, c.q_size, dtype=x.dtype, device=x.device)  # [N, heads * head_dim]
             for g, plan in zip(batch.groups, plans, strict=True):
                 rows = slice(g.start, g.start + g.requests * g.rows_each)
