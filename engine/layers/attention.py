@@ -81,6 +81,8 @@ def paged_attention(
 
     q: [R, c, H, d]; k_cache, v_cache: [num_blocks, Hkv, block, d]. Returns [R, c, H * d] in q's dtype.
     """
+    if plan.requests == 1:
+        return _one_request_attention(q, k_cache, v_cache, plan, scale)
     r, c, heads, d = q.shape
     _, kv_heads, block, _ = k_cache.shape
     group, nb, flat = plan.group, plan.padded_blocks, plan.flat
@@ -108,3 +110,31 @@ def paged_attention(
     out = out.view(r, nb, kv_heads, m, d).sum(dim=1)[:, :, :rows]  # [R, Hkv, group * c, d]
     out = out.view(r, kv_heads, group, c, d).permute(0, 3, 1, 2, 4).reshape(r, c, heads * d)
     return out.to(q.dtype)
+
+
+def _one_request_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan, scale: float
+) -> torch.Tensor:
+    """``paged_attention`` for one request (a prefill chunk, or a lone decode), bit for bit the same:
+    its blocks in use need no padding, and its scores come from one matmul over all L keys, whose
+    columns were measured equal to the per-block matmuls' (the reduction is over head_dim alone).
+
+    q: [1, c, H, d] -> [1, c, H * d].
+    """
+    _, c, heads, d = q.shape
+    _, kv_heads, block, _ = k_cache.shape
+    group, t = plan.group, plan.table.shape[0]
+    keys = k_cache.index_select(0, plan.table).float()  # [T, Hkv, block, d]
+    values = v_cache.index_select(0, plan.table).float()  # [T, Hkv, block, d]
+    qg = q.float().view(c, kv_heads, group, d).permute(1, 2, 0, 3).reshape(kv_heads, group * c, d)
+    rows = group * c
+    if rows == 1:  # a one-row matmul takes another kernel: keep M >= 2
+        qg = torch.cat([qg, qg], dim=1)
+    m = qg.shape[1]
+    keys_by_head = keys.permute(1, 0, 2, 3).reshape(kv_heads, t * block, d)  # [Hkv, L, d]
+    scores = torch.matmul(qg * scale, keys_by_head.transpose(-1, -2))  # [Hkv, M, L]
+    masked = plan.masked[0, :, : t * block]  # [M, L]
+    probs = torch.softmax(scores.masked_fill(masked[None], float("-inf")), dim=-1)  # [Hkv, M, L]
+    block_probs = probs.view(kv_heads, m, t, block).permute(2, 0, 1, 3)  # [T, Hkv, M, block]
+    out = torch.matmul(block_probs, values).sum(dim=0)[:, :rows]  # [Hkv, group * c, d]
+    return out.view(kv_heads, group, c, d).permute(2, 0, 1, 3).reshape(1, c, heads * d).to(q.dtype)
