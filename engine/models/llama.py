@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from engine.config import ModelConfig
 from engine.kv.cache import KVCache
-from engine.layers.attention import paged_attention, plan_attention
+from engine.layers.attention import AttentionPlan, paged_attention, plan_attention
 from engine.layers.linear import LinearWeight
 from engine.layers.rmsnorm import rms_norm
 from engine.layers.rope import Rope
@@ -134,6 +134,25 @@ class PagedLlama:
             return self.linears[key].batch_dependent(x)
         return self.linears[key](x)
 
+    def _attention(
+        self,
+        q: torch.Tensor,
+        kv: KVCache,
+        layer: int,
+        groups: list[AttentionGroup],
+        plans: list[AttentionPlan],
+    ) -> torch.Tensor:
+        """Each group's attention over the paged cache, rows in step order: q [N, H, d] -> [N, H * d]."""
+        c = self.config
+        outs = []
+        for g, plan in zip(groups, plans, strict=True):
+            qg = q[g.start : g.start + g.requests * g.rows_each].view(
+                g.requests, g.rows_each, c.num_heads, c.head_dim
+            )
+            out = paged_attention(qg, kv.keys[layer], kv.values[layer], plan, self.scale)
+            outs.append(out.view(-1, c.q_size))
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Run one step's rows, writing their K/V; return float32 logits of the sample rows: [S, vocab]."""
@@ -144,22 +163,18 @@ class PagedLlama:
         plans = [plan_attention(g.block_tables, g.positions, kv.block_size, group) for g in batch.groups]
         kv_rows = kv.rows_of(batch.slots)  # [N * kv_heads]
         cos, sin = self.rope.tables(batch.positions)  # [N, 1, head_dim] each, shared by every layer
+        heads_qk = c.num_heads + c.num_kv_heads
+        qk_end = heads_qk * c.head_dim
         for layer in range(c.num_layers):
             p = f"model.layers.{layer}."
             h = rms_norm(x, self.w[p + "input_layernorm.weight"], c.rms_norm_eps)
             qkv = self._linear(h, p + "self_attn.qkv")  # [N, q_size + 2 * kv_size]
-            q_end, k_end = c.q_size, c.q_size + c.num_kv_heads * c.head_dim
-            q = qkv[:, :q_end].view(n, c.num_heads, c.head_dim)
-            k = qkv[:, q_end:k_end].view(n, c.num_kv_heads, c.head_dim)
-            v = qkv[:, k_end:].view(n, c.num_kv_heads, c.head_dim)
-            q, k = self.rope.rotate(q, cos, sin), self.rope.rotate(k, cos, sin)
+            # q and k rotated in one elementwise pass (mul/add round alike on any layout): [N, H + Hkv, d]
+            qk = self.rope.rotate(qkv[:, :qk_end].view(n, heads_qk, c.head_dim), cos, sin)
+            q, k = qk[:, : c.num_heads], qk[:, c.num_heads :]
+            v = qkv[:, qk_end:].view(n, c.num_kv_heads, c.head_dim)
             kv.write(layer, kv_rows, k, v)
-            attn = torch.empty(n, c.q_size, dtype=x.dtype, device=x.device)  # [N, heads * head_dim]
-            for g, plan in zip(batch.groups, plans, strict=True):
-                rows = slice(g.start, g.start + g.requests * g.rows_each)
-                qg = q[rows].view(g.requests, g.rows_each, c.num_heads, c.head_dim)
-                out = paged_attention(qg, kv.keys[layer], kv.values[layer], plan, self.scale)
-                attn[rows] = out.reshape(-1, c.q_size)
+            attn = self._attention(q, kv, layer, batch.groups, plans)  # [N, heads * head_dim]
             x = x + self._linear(attn, p + "self_attn.o_proj.weight")
             h = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
             gate, up = self._linear(h, p + "mlp.gate_up").split(c.intermediate_size, dim=1)  # [N, inter] each
