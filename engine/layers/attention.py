@@ -46,6 +46,9 @@ class AttentionPlan:
     owner: torch.Tensor  # [T] long: the request each block in use belongs to
     table: torch.Tensor  # [T] long: the pool block each in-use block reads
     masked: torch.Tensor  # [R, M, nb * block] bool: key slot after the query row's position (or padding)
+    first_block: (
+        int | None
+    )  # one request whose blocks in use are consecutive in the pool: the first (no gather)
 
 
 def plan_attention(
@@ -62,6 +65,7 @@ def plan_attention(
     if group * c == 1:  # one-row groups are computed as two identical rows
         row_pos = torch.cat([row_pos, row_pos], dim=1)
     key_pos = torch.arange(nb * block, device=device)
+    table = block_tables.reshape(-1).index_select(0, flat)
     return AttentionPlan(
         requests=r,
         rows_each=c,
@@ -69,9 +73,16 @@ def plan_attention(
         padded_blocks=nb,
         flat=flat,
         owner=torch.div(flat, nb, rounding_mode="floor"),
-        table=block_tables.reshape(-1).index_select(0, flat),
+        table=table,
         masked=key_pos[None, None, :] > row_pos[:, :, None],
+        first_block=_consecutive_start(table) if r == 1 else None,
     )
+
+
+def _consecutive_start(table: torch.Tensor) -> int | None:
+    """The first block id when ``table`` [T] is first, first + 1, ..., else None (one host read per step)."""
+    ids = table.tolist()
+    return ids[0] if ids == list(range(ids[0], ids[0] + len(ids))) else None
 
 
 def paged_attention(
@@ -124,8 +135,12 @@ def _one_request_attention(
     _, c, heads, d = q.shape
     _, kv_heads, block, _ = k_cache.shape
     group, t = plan.group, plan.table.shape[0]
-    keys = k_cache.index_select(0, plan.table).float()  # [T, Hkv, block, d]
-    values = v_cache.index_select(0, plan.table).float()  # [T, Hkv, block, d]
+    if plan.first_block is not None:  # the same values as the gather, read in place
+        keys = k_cache[plan.first_block : plan.first_block + t].float()  # [T, Hkv, block, d]
+        values = v_cache[plan.first_block : plan.first_block + t].float()  # [T, Hkv, block, d]
+    else:
+        keys = k_cache.index_select(0, plan.table).float()
+        values = v_cache.index_select(0, plan.table).float()
     qg = q.float().view(c, kv_heads, group, d).permute(1, 2, 0, 3).reshape(kv_heads, group * c, d)
     rows = group * c
     if rows == 1:  # a one-row matmul takes another kernel: keep M >= 2
