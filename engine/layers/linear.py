@@ -6,14 +6,16 @@ SmolLM2 and tiny weight shape, the LM head, 2 threads): with the weight pre-bloc
 bits do not depend on how many rows share the call (2 to 512 measured), where the row sits or what
 the others hold, because the reduction over K follows the weight's fixed blocking. One row alone may
 take a matrix-vector path with another order (seen for the 576x1536 down projection in float32 and
-the LM head in bfloat16), so in invariant mode a lone row is computed beside a copy of itself:
+the LM head in bfloat16). Which shapes do is checked once per weight at load: a few random rows are
+multiplied alone and together, and where any bit differs, a lone row is from then on computed beside
+a copy of itself (a kernel is chosen by shape, so one differing probe means another reduction order):
 
     rows: [ r0 r1 ... r255 ]   one call, whatever the count (>= 2)
-    rows: [ r0 ]               one call on [ r0 r0 ], row 0 kept
+    rows: [ r0 ]               one call on [ r0 r0 ], row 0 kept   (weights whose probe differed)
 
 The same call runs at every batch size and is fast at all of them (the weight is packed once instead
-of per call), so invariance costs only the paired copy at one row. Fast mode (``invariant=False``)
-skips the pairing.
+of per call), so invariance costs at most the paired copy at one row. Fast mode (``invariant=False``)
+never pairs.
 
 Elsewhere (CUDA, or a CPU build without oneDNN) the invariant path computes y^T = W @ x^T in chunks
 of 2..16 columns, each one ``torch.mm`` (measured invariant on the CPU; on CUDA the gates decide),
@@ -30,6 +32,9 @@ import torch.nn.functional as F
 
 CHUNK_COLUMNS = 16
 PACK_BATCH_HINT = 16  # the row count oneDNN is told to expect when it blocks a weight (the measured setting)
+PROBE_ROWS = (
+    4  # random rows multiplied alone and together to find weights whose lone row takes another kernel
+)
 
 
 def onednn_available(weight: torch.Tensor) -> bool:
@@ -68,16 +73,26 @@ class LinearWeight:
         self.out_features, self.in_features = weight.shape
         self.packed = onednn_available(weight)
         self.data = self._prepare(weight)
+        self.pair_lone_row = self.packed and invariant and not self._lone_row_matches()
 
     def _prepare(self, weight: torch.Tensor) -> torch.Tensor:
         if self.packed:
             return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_BATCH_HINT)
         return weight.contiguous()
 
+    def _lone_row_matches(self) -> bool:
+        """Whether one row alone gives the bits it gets among others (probed on seeded random rows)."""
+        generator = torch.Generator().manual_seed(0)
+        probe = torch.randn(PROBE_ROWS, self.in_features, generator=generator).to(self.data.dtype)  # [P, K]
+        together = self._onednn(probe)  # [P, N]
+        return all(
+            torch.equal(self._onednn(probe[i : i + 1]), together[i : i + 1]) for i in range(PROBE_ROWS)
+        )
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # x: [M, K] -> [M, N]
         if self.packed:
-            if self.invariant and x.shape[0] == 1:
+            if self.pair_lone_row and x.shape[0] == 1:
                 return self._onednn(torch.cat([x, x]))[:1]
             return self._onednn(x)
         return chunked_mm_linear(x, self.data) if self.invariant else F.linear(x, self.data)
