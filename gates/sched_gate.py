@@ -3,7 +3,8 @@
 At least 32 requests (prompts of 1 to 600 tokens, varied output lengths, greedy and seeded
 temperature / top-k / top-p sampling) arrive on a random schedule drawn from a seed, with a KV pool
 small enough to force preemptions. Every request's token ids and logprobs must equal its solo run,
-and no block may be leaked. Negative controls: the same schedule with a deliberately batch-dependent
+and no block may be leaked; the same holds in bfloat16 and, on fewer requests, on SmolLM2, whose
+weight shapes select their own kernels. Negative controls: the same schedule with a deliberately batch-dependent
 matmul (engine/testing.py) must show a difference; a request whose seed changed must differ.
 """
 
@@ -21,6 +22,8 @@ from gates.framework import Gate, GateRun
 MODEL = "tiny"
 SCHEDULE_SEED = 2024
 NUM_REQUESTS = 32
+REAL_MODEL = "smollm2"
+REAL_MODEL_REQUESTS = 12
 ENGINE_SETTINGS = {"num_kv_blocks": 72, "max_num_seqs": 8, "prefill_chunk": 64, "max_num_batched_tokens": 160}
 
 
@@ -88,9 +91,9 @@ def same(a: RequestOutput, b: RequestOutput) -> bool:
 
 
 def _invariance(
-    run: GateRun, check_id: str, dtype: str, count: int
+    run: GateRun, check_id: str, dtype: str, count: int, model: str = MODEL
 ) -> tuple[LLM, Workload, list[RequestOutput]]:
-    llm = LLM(MODEL, dtype=dtype, **ENGINE_SETTINGS)
+    llm = LLM(model, dtype=dtype, **ENGINE_SETTINGS)
     work = make_workload(llm.model_config.vocab_size, count=count)
     solo = [run_solo(llm.engine, p, s) for p, s in zip(work.prompts, work.params, strict=True)]
     stats_before = llm.engine.stats.steps
@@ -101,7 +104,7 @@ def _invariance(
         not differing,
         "every request == its solo run (token ids, logprob bits, text)",
         f"{len(differing)}/{len(work.prompts)} differ" + (f": {differing[:5]}" if differing else ""),
-        f"{dtype}, {len(work.prompts)} requests, {llm.engine.stats.steps - stats_before} batched steps",
+        f"{model} {dtype}, {len(work.prompts)} requests, {llm.engine.stats.steps - stats_before} batched steps",
     )
     return llm, work, solo
 
@@ -136,6 +139,8 @@ def _body(run: GateRun) -> None:
         f"{stats.chunked_prompts} chunked prompts, {stats.mixed_steps} mixed steps",
     )
     _invariance(run, "sched.invariance_bf16", "bfloat16", 16)
+    # the real model's weight shapes pick their own kernels: check them too
+    _invariance(run, "sched.invariance_smollm2", "float32", REAL_MODEL_REQUESTS, model=REAL_MODEL)
 
     with testing.batch_dependent_matmul(engine):
         broken = run_schedule(engine, work)
@@ -170,6 +175,7 @@ GATE = Gate(
         "sched.continuous_batching",
         "sched.chunked_prefill",
         "sched.invariance_bf16",
+        "sched.invariance_smollm2",
         "sched.neg.batch_dependent_matmul",
         "sched.neg.changed_seed",
     ),
