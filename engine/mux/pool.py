@@ -89,6 +89,26 @@ def load_llm(spec: ModelSpec, device: str = "auto") -> Any:
     )
 
 
+def wait_for(cond: threading.Condition, deadline: float | None, now: float, why: str) -> None:
+    """Under ``cond``: wait until notified or until ``deadline`` (``now``'s clock; None: no limit).
+    CapacityError once the deadline has passed."""
+    remaining = None if deadline is None else deadline - now
+    if remaining is not None and remaining <= 0:
+        raise CapacityError(f"gave up waiting: {why}")
+    cond.wait(remaining)
+
+
+def undo_reservation(
+    cond: threading.Condition, manager: ResidencyManager, loading: set[int], model_id: int
+) -> None:
+    """A load run outside the lock failed: give back its reservation and wake the waiters."""
+    with cond:
+        loading.discard(model_id)
+        manager.abandon_load(model_id)
+        cond.notify_all()
+    reclaim()
+
+
 class ModelPool:
     """Real models under ``budget_bytes``; the registry's entries must have a ``source`` to be loaded."""
 
@@ -208,10 +228,7 @@ class ModelPool:
         return spec
 
     def _wait(self, deadline: float | None, why: str) -> None:
-        remaining = None if deadline is None else deadline - time.monotonic()
-        if remaining is not None and remaining <= 0:
-            raise CapacityError(f"gave up waiting: {why}")
-        self._cond.wait(remaining)
+        wait_for(self._cond, deadline, time.monotonic(), why)
 
     def _reserve(self, plan: Load, spec: ModelSpec) -> None:
         """Under the lock: unload the victims for real, then reserve the model's bytes and mark it busy."""
@@ -233,12 +250,7 @@ class ModelPool:
         try:
             model = self._loader(spec)
         except BaseException:
-            with self._cond:
-                self._loading.discard(spec.id)
-                self.manager.release(spec.id)
-                self.manager.cancel_load(spec.id)
-                self._cond.notify_all()
-            reclaim()
+            undo_reservation(self._cond, self.manager, self._loading, spec.id)
             raise
         record = LoadRecord(
             spec.id, spec.name, self.footprint(spec.id), before, sample(), time.perf_counter() - started

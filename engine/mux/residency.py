@@ -129,6 +129,11 @@ class ResidencyManager:
         self.over_budget = self.over_budget or total > self.budget_bytes
         self.policy.on_load(model, self.sizes[model], tick)
 
+    def abandon_load(self, model: int) -> None:
+        """A load that was admitted and held failed: drop the hold, then undo the admission."""
+        self.release(model)
+        self.cancel_load(model)
+
     def cancel_load(self, model: int) -> None:
         """Undo ``admit`` for a load that failed: the model leaves, uncounted as a load or an eviction.
         It must not be busy (release the hold taken for the load first)."""

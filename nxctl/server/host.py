@@ -28,6 +28,7 @@ from engine.mux.footprint import Footprint, footprint_of_spec
 from engine.mux.memory import reclaim
 from engine.mux.plans import Hit, Load, Refuse, Wait
 from engine.mux.policies import make_policy
+from engine.mux.pool import undo_reservation, wait_for
 from engine.mux.registry import ModelSpec, Registry
 from engine.mux.residency import ResidencyManager
 from nxctl.server.bridge import EngineLoop
@@ -222,22 +223,14 @@ class ModelHost:
 
     # ---- internals ---------------------------------------------------------------------------------
     def _wait(self, deadline: float | None, why: str) -> None:
-        remaining = None if deadline is None else deadline - self._clock()
-        if remaining is not None and remaining <= 0:
-            raise CapacityError(f"gave up waiting: {why}")
-        self._cond.wait(remaining)
+        wait_for(self._cond, deadline, self._clock(), why)
 
     def _load(self, spec: ModelSpec) -> SeatModel:
         """Outside the lock: load the model; publish it, or undo the reservation if loading failed."""
         try:
             seat = self._loader(spec)
         except BaseException:
-            with self._cond:
-                self._loading.discard(spec.id)
-                self.manager.release(spec.id)
-                self.manager.cancel_load(spec.id)
-                self._cond.notify_all()
-            reclaim()
+            undo_reservation(self._cond, self.manager, self._loading, spec.id)
             raise
         with self._cond:
             self._models[spec.id] = seat
