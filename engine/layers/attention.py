@@ -44,16 +44,13 @@ class AttentionPlan:
     """
 
     requests: int
-    rows_each: int
-    group: int
     padded_blocks: int  # nb: the longest block table of the group
     flat: torch.Tensor  # [T] long: index of each block in use into the padded [R * nb] table
     owner: torch.Tensor  # [T] long: the request each block in use belongs to
     table: torch.Tensor  # [T] long: the pool block each in-use block reads
     masked: torch.Tensor  # [R, M, nb * block] bool: key slot after the query row's position (or padding)
-    first_block: (
-        int | None
-    )  # one request whose blocks in use are consecutive in the pool: the first (no gather)
+    # one request whose blocks in use are consecutive in the pool: the first of them (read in place)
+    first_block: int | None
 
 
 def plan_attention(
@@ -73,8 +70,6 @@ def plan_attention(
     table = block_tables.reshape(-1).index_select(0, flat)
     return AttentionPlan(
         requests=r,
-        rows_each=c,
-        group=group,
         padded_blocks=nb,
         flat=flat,
         owner=torch.div(flat, nb, rounding_mode="floor"),
@@ -99,16 +94,12 @@ def paged_attention(
     """
     if plan.requests == 1:
         return _one_request_attention(q, k_cache, v_cache, plan, scale)
-    r, c, heads, d = q.shape
-    _, kv_heads, block, _ = k_cache.shape
-    group, nb, flat = plan.group, plan.padded_blocks, plan.flat
+    r = q.shape[0]
+    _, kv_heads, block, d = k_cache.shape
+    nb, flat = plan.padded_blocks, plan.flat
     keys = k_cache.index_select(0, plan.table).float()  # [T, Hkv, block, d]
     values = v_cache.index_select(0, plan.table).float()  # [T, Hkv, block, d]
-    # heads sharing one KV head side by side: [R, Hkv, group * c, d], row m = g * c + i
-    qg = q.float().view(r, c, kv_heads, group, d).permute(0, 2, 3, 1, 4).reshape(r, kv_heads, group * c, d)
-    rows = group * c
-    if rows == 1:  # a one-row matmul takes another kernel: keep M >= 2
-        qg = torch.cat([qg, qg], dim=2)
+    qg = _grouped_queries(q, kv_heads)  # [R, Hkv, M, d]
     m = qg.shape[2]
     block_scores = torch.matmul(
         (qg * scale).index_select(0, plan.owner), keys.transpose(-1, -2)
@@ -123,9 +114,25 @@ def paged_attention(
     block_out = torch.matmul(block_probs.index_select(0, flat), values)  # [T, Hkv, M, d]
     out = torch.zeros(r * nb, kv_heads, m, d, dtype=torch.float32, device=q.device)
     out.index_copy_(0, flat, block_out)
-    out = out.view(r, nb, kv_heads, m, d).sum(dim=1)[:, :, :rows]  # [R, Hkv, group * c, d]
-    out = out.view(r, kv_heads, group, c, d).permute(0, 3, 1, 2, 4).reshape(r, c, heads * d)
-    return out.to(q.dtype)
+    return _ungrouped(out.view(r, nb, kv_heads, m, d).sum(dim=1), q)  # sum over blocks: [R, Hkv, M, d]
+
+
+def _grouped_queries(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """q [R, c, H, d] -> float32 [R, Hkv, M, d]: the heads sharing one KV head side by side, row
+    m = g * c + i, so M = group * c; a lone row is doubled (a one-row matmul takes another kernel)."""
+    r, c, heads, d = q.shape
+    group = heads // kv_heads
+    qg = q.float().view(r, c, kv_heads, group, d).permute(0, 2, 3, 1, 4).reshape(r, kv_heads, group * c, d)
+    return torch.cat([qg, qg], dim=2) if group * c == 1 else qg
+
+
+def _ungrouped(out: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``_grouped_queries`` for outputs: [R, Hkv, M, d] -> [R, c, H * d] in q's dtype."""
+    r, c, heads, d = q.shape
+    kv_heads = out.shape[1]
+    group = heads // kv_heads
+    out = out[:, :, : group * c].reshape(r, kv_heads, group, c, d)
+    return out.permute(0, 3, 1, 2, 4).reshape(r, c, heads * d).to(q.dtype)
 
 
 def _one_request_attention(
@@ -137,24 +144,21 @@ def _one_request_attention(
 
     q: [1, c, H, d] -> [1, c, H * d].
     """
-    _, c, heads, d = q.shape
-    _, kv_heads, block, _ = k_cache.shape
-    group, t = plan.group, plan.table.shape[0]
+    _, kv_heads, block, d = k_cache.shape
+    t = plan.table.shape[0]
     if plan.first_block is not None:  # the same values as the gather, read in place
         keys = k_cache[plan.first_block : plan.first_block + t].float()  # [T, Hkv, block, d]
         values = v_cache[plan.first_block : plan.first_block + t].float()  # [T, Hkv, block, d]
     else:
         keys = k_cache.index_select(0, plan.table).float()
         values = v_cache.index_select(0, plan.table).float()
-    qg = q.float().view(c, kv_heads, group, d).permute(1, 2, 0, 3).reshape(kv_heads, group * c, d)
-    rows = group * c
-    if rows == 1:  # a one-row matmul takes another kernel: keep M >= 2
-        qg = torch.cat([qg, qg], dim=1)
+    qg = _grouped_queries(q, kv_heads)[0]  # [Hkv, M, d]
     m = qg.shape[1]
     keys_by_head = keys.permute(1, 0, 2, 3).reshape(kv_heads, t * block, d)  # [Hkv, L, d]
     scores = torch.matmul(qg * scale, keys_by_head.transpose(-1, -2))  # [Hkv, M, L]
     masked = plan.masked[0, :, : t * block]  # [M, L]
     probs = torch.softmax(scores.masked_fill(masked[None], float("-inf")), dim=-1)  # [Hkv, M, L]
     block_probs = probs.view(kv_heads, m, t, block).permute(2, 0, 1, 3)  # [T, Hkv, M, block]
-    out = torch.matmul(block_probs, values).sum(dim=0)[:, :rows]  # [Hkv, group * c, d]
-    return out.view(kv_heads, group, c, d).permute(2, 0, 1, 3).reshape(1, c, heads * d).to(q.dtype)
+    return _ungrouped(
+        torch.matmul(block_probs, values).sum(dim=0)[None], q
+    )  # sum over blocks: [1, Hkv, M, d]

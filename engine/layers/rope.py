@@ -19,10 +19,6 @@ class Rope:
         """cos, sin rows for positions [T]: [T, 1, head_dim] each (compute once per step, use per layer)."""
         return self.cos[positions][:, None, :], self.sin[positions][:, None, :]
 
-    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        # x: [T, heads, head_dim]; positions: [T] -> [T, heads, head_dim] (elementwise: row-invariant)
-        return self.rotate(x, *self.tables(positions))
-
     @staticmethod
     def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # x: [T, heads, head_dim]; cos, sin: [T, 1, head_dim] -> [T, heads, head_dim]

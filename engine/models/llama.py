@@ -100,9 +100,7 @@ class PagedLlama:
         for name, t in zip(names, tensors, strict=True):
             self.parts[name] = (key, row, t.shape[0])
             row += t.shape[0]
-        self.linears[key] = LinearWeight(
-            torch.cat(tensors) if len(tensors) > 1 else tensors[0], self.invariant
-        )
+        self.linears[key] = LinearWeight(torch.cat(tensors), self.invariant)
 
     @property
     def weight_bytes(self) -> int:
@@ -125,7 +123,7 @@ class PagedLlama:
             self.w[name].copy_(value)
             return
         key, row, rows = self.parts[name]
-        full = self.linears[key].dense().clone()
+        full = self.linears[key].dense()  # a copy when packed; the live weight, replaced at once, otherwise
         full[row : row + rows] = value
         self.linears[key].replace(full)
 
