@@ -135,13 +135,19 @@ def test_redacted_dead_letters_keep_no_body(tmp_path: Path, tiny_settings) -> No
     assert letter.redacted and letter.body is None and letter.model == "broken"
 
 
-def test_models_swap_under_a_budget_through_the_seat(tmp_path: Path, tiny_settings) -> None:
+def two_model_registry(tmp_path: Path) -> Path:
+    """A registry of two tiny models, "one" and "two", each with a 64-block KV pool."""
     reg = tmp_path / "two.toml"
     tiny = json.dumps(str(FIXTURES / "tiny"))
     reg.write_text(
         f'[[model]]\nid = 0\nname = "one"\nsource = {tiny}\nnum_kv_blocks = 64\n'
         f'[[model]]\nid = 1\nname = "two"\nsource = {tiny}\nnum_kv_blocks = 64\n'
     )
+    return reg
+
+
+def test_models_swap_under_a_budget_through_the_seat(tmp_path: Path, tiny_settings) -> None:
+    reg = two_model_registry(tmp_path)
     app = create_app(tiny_settings(tmp_path, models=("one",), registry=reg, budget_mb=100))
     with BackgroundSeat(app) as url:
         body = {"model": "two", "messages": USER, "options": {"num_predict": 2}, "stream": False}
@@ -154,12 +160,7 @@ def test_models_swap_under_a_budget_through_the_seat(tmp_path: Path, tiny_settin
 
 def test_requests_for_another_model_wait_for_the_busy_one_then_swap(tmp_path: Path, tiny_settings) -> None:
     """Budget for one model: while "one" streams, 8 requests for "two" wait (no deadlock), then swap."""
-    reg = tmp_path / "two.toml"
-    tiny = json.dumps(str(FIXTURES / "tiny"))
-    reg.write_text(
-        f'[[model]]\nid = 0\nname = "one"\nsource = {tiny}\nnum_kv_blocks = 64\n'
-        f'[[model]]\nid = 1\nname = "two"\nsource = {tiny}\nnum_kv_blocks = 64\n'
-    )
+    reg = two_model_registry(tmp_path)
     app = create_app(tiny_settings(tmp_path, models=("one",), registry=reg, budget_mb=100))
     with BackgroundSeat(app) as url:
         results: list[int] = []
