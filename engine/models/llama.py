@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from engine import kernels
 from engine.config import ModelConfig
 from engine.kv.cache import KVCache
 from engine.layers.attention import AttentionPlan, paged_attention, plan_attention
@@ -38,6 +39,8 @@ class ForwardBatch:
     slots: torch.Tensor  # [N] long: where each row's K/V is written
     groups: list[AttentionGroup]
     sample_rows: torch.Tensor  # [S] long: rows whose logits are returned
+    tables: torch.Tensor  # [R, nb] long: every request's block table (padded), decodes first
+    owners: torch.Tensor  # [N] long: the row of ``tables`` each row belongs to
 
 
 @dataclass
@@ -45,6 +48,7 @@ class Faults:
     """Documented fault-injection switches (set only through engine/testing.py)."""
 
     batch_dependent_matmul: bool = False
+    batch_dependent_norm: bool = False
     fail_requests: set[str] = field(default_factory=set)
 
 
@@ -106,9 +110,7 @@ class PagedLlama:
     def weight_bytes(self) -> int:
         """Bytes of every weight held (plain and packed)."""
         plain = sum(t.numel() * t.element_size() for t in self.w.values())
-        return plain + sum(
-            lw.out_features * lw.in_features * lw.data.element_size() for lw in self.linears.values()
-        )
+        return plain + sum(lw.nbytes for lw in self.linears.values())
 
     def weight(self, name: str) -> torch.Tensor:
         """Weight ``name`` (HF naming) as a plain tensor; for a linear, a copy of its rows."""
@@ -139,10 +141,18 @@ class PagedLlama:
         layer: int,
         groups: list[AttentionGroup],
         plans: list[AttentionPlan],
+        tables: torch.Tensor,
+        owners: torch.Tensor,
+        positions: torch.Tensor,
     ) -> torch.Tensor:
         """Each group's attention over the paged cache, rows in step order: q [N, H, d] -> [N, H * d]."""
         c = self.config
         outs = []
+        if self.device.type == "cpu":  # our kernel: every row over its own keys, read in place, one call
+            out = kernels.attention(
+                q, kv.keys[layer], kv.values[layer], tables, owners, positions, self.scale
+            )
+            return out.view(-1, c.q_size).to(q.dtype)
         for g, plan in zip(groups, plans, strict=True):
             qg = q[g.start : g.start + g.requests * g.rows_each].view(
                 g.requests, g.rows_each, c.num_heads, c.head_dim
@@ -151,6 +161,18 @@ class PagedLlama:
             outs.append(out.view(-1, c.q_size))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
+    def _norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """RMSNorm of x [N, hidden] with weight ``name``; under the fault, eps grows with the row count."""
+        eps = self.config.rms_norm_eps * (x.shape[0] if self.faults.batch_dependent_norm else 1)
+        return rms_norm(x, self.w[name], eps, self.invariant)
+
+    def _gated(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up: [N, 2 * inter] -> [N, inter] (our row-wise kernel on the CPU when invariant)."""
+        if self.invariant and self.device.type == "cpu":
+            return kernels.silu_mul(gate_up).to(gate_up.dtype)
+        gate, up = gate_up.split(self.config.intermediate_size, dim=1)
+        return F.silu(gate) * up
+
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Run one step's rows, writing their K/V; return float32 logits of the sample rows: [S, vocab]."""
@@ -158,24 +180,30 @@ class PagedLlama:
         n = batch.token_ids.shape[0]
         x = self.w["model.embed_tokens.weight"][batch.token_ids]  # [N, hidden]
         group = c.num_heads // c.num_kv_heads
-        plans = [plan_attention(g.block_tables, g.positions, kv.block_size, group) for g in batch.groups]
+        plans = (
+            []
+            if self.device.type == "cpu"
+            else [plan_attention(g.block_tables, g.positions, kv.block_size, group) for g in batch.groups]
+        )
         kv_rows = kv.rows_of(batch.slots)  # [N * kv_heads]
         cos, sin = self.rope.tables(batch.positions)  # [N, 1, head_dim] each, shared by every layer
         heads_qk = c.num_heads + c.num_kv_heads
         qk_end = heads_qk * c.head_dim
         for layer in range(c.num_layers):
             p = f"model.layers.{layer}."
-            h = rms_norm(x, self.w[p + "input_layernorm.weight"], c.rms_norm_eps)
+            h = self._norm(x, p + "input_layernorm.weight")
             qkv = self._linear(h, p + "self_attn.qkv")  # [N, q_size + 2 * kv_size]
             # q and k rotated in one elementwise pass (mul/add round alike on any layout): [N, H + Hkv, d]
             qk = self.rope.rotate(qkv[:, :qk_end].view(n, heads_qk, c.head_dim), cos, sin)
             q, k = qk[:, : c.num_heads], qk[:, c.num_heads :]
             v = qkv[:, qk_end:].view(n, c.num_kv_heads, c.head_dim)
             kv.write(layer, kv_rows, k, v)
-            attn = self._attention(q, kv, layer, batch.groups, plans)  # [N, heads * head_dim]
+            attn = self._attention(
+                q, kv, layer, batch.groups, plans, batch.tables, batch.owners, batch.positions
+            )  # [N, heads * head_dim]
             x = x + self._linear(attn, p + "self_attn.o_proj.weight")
-            h = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
-            gate, up = self._linear(h, p + "mlp.gate_up").split(c.intermediate_size, dim=1)  # [N, inter] each
-            x = x + self._linear(F.silu(gate) * up, p + "mlp.down_proj.weight")
-        last = rms_norm(x[batch.sample_rows], self.w["model.norm.weight"], c.rms_norm_eps)
+            h = self._norm(x, p + "post_attention_layernorm.weight")
+            gate_up = self._linear(h, p + "mlp.gate_up")  # [N, 2 * inter]
+            x = x + self._linear(self._gated(gate_up), p + "mlp.down_proj.weight")
+        last = self._norm(x[batch.sample_rows], "model.norm.weight")
         return self._linear(last, "lm_head").float()

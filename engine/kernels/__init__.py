@@ -1,0 +1,158 @@
+"""Our own fixed-order CPU kernels: linear, paged attention read in place, RMSNorm, SiLU gate, softmax.
+
+Batch invariance rests on these: each reduction's order is written in engine/kernels/csrc/kernels.h
+and depends on a row's own data and position, never on the batch, the row's place in it, the
+thread count or a library's choice of kernel. Three backends, chosen once per process:
+
+    avx2      the C++ kernels compiled for AVX2 + FMA (x86 CPUs that have both, when torch's own
+              dispatch, ATEN_CPU_CAPABILITY, also allows AVX2 or better)
+    generic   the same C++ kernels over scalar lanes: any CPU with a C++ compiler, same bits as avx2
+    portable  pure torch, elementwise ops in a fixed sequence: no compiler needed, invariant, slow
+
+``NXCTL_KERNELS=generic|portable`` forces a backend (tests use it to exercise each).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+from engine.kernels import portable
+
+PANEL = 16  # output columns per packed weight panel (kernels.h kPanel)
+BACKENDS = ("avx2", "generic", "portable")
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str  # one of BACKENDS
+    reason: str  # why this one: shown by `python -m engine.kernels.build` and in gate TSVs
+    module: ModuleType | None  # the compiled module (None for portable)
+
+
+def _torch_allows_avx2() -> bool:
+    return torch.backends.cpu.get_cpu_capability().upper().startswith("AVX")
+
+
+@functools.cache
+def backend() -> Backend:
+    """The backend this process uses (built on first use; one line on stderr when it falls back)."""
+    forced = os.environ.get("NXCTL_KERNELS", "").strip().lower()
+    if forced and forced not in BACKENDS:
+        raise ValueError(f"NXCTL_KERNELS={forced!r}; expected one of {', '.join(BACKENDS)}")
+    if forced == "portable":
+        return Backend("portable", "NXCTL_KERNELS=portable", None)
+    from engine.kernels import build
+
+    try:
+        module = build.load()
+    except Exception as exc:  # no compiler, no headers, a failed build: run invariant, slowly
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(
+            f"nxctl: the C++ kernels could not be built ({first}); using the portable torch kernels "
+            "(batch-invariant, much slower)",
+            file=sys.stderr,
+        )
+        return Backend("portable", f"build failed: {first}", None)
+    if forced == "generic":
+        return Backend("generic", "NXCTL_KERNELS=generic", module)
+    if not module.cpu_has_avx2():
+        return Backend("generic", "this CPU has no AVX2+FMA", module)
+    if not _torch_allows_avx2():
+        capability = torch.backends.cpu.get_cpu_capability()
+        return Backend("generic", f"torch CPU capability {capability}", module)
+    return Backend("avx2", "CPU has AVX2+FMA", module)
+
+
+def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] -> [P, K, 16] with P = ceil(N / 16): 16 output columns side by side per k, zero-padded.
+
+    bfloat16 stays bfloat16 (half the bytes to stream); float16 is widened to float32 (exact).
+    """
+    n, k = weight.shape
+    dtype = torch.bfloat16 if weight.dtype == torch.bfloat16 else torch.float32
+    panels = -(-n // PANEL)
+    padded = torch.zeros(panels * PANEL, k, dtype=dtype)
+    padded[:n] = weight.to(dtype)
+    return padded.view(panels, PANEL, k).transpose(1, 2).contiguous()  # [P, K, 16]
+
+
+def unpack_linear_weight(packed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """The inverse of ``pack_linear_weight``: [P, K, 16] -> [N, K] in ``dtype``."""
+    panels, k, _ = packed.shape
+    return packed.transpose(1, 2).reshape(panels * PANEL, k)[:n].to(dtype).contiguous()
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
+    """x [M, K] (any float dtype) @ packed weight -> [M, N] float32; each output one fma chain over K."""
+    b = backend()
+    x = x.float().contiguous()
+    if b.module is None:
+        return portable.linear(x, packed, n)
+    return b.module.linear(b.name, x, packed, n)
+
+
+def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [T, D] float32 or bfloat16 -> x / sqrt(mean(x^2) + eps), [T, D] float32, row by row."""
+    b = backend()
+    x = x.contiguous() if x.dtype in (torch.float32, torch.bfloat16) else x.float().contiguous()
+    if b.module is None:
+        return portable.rms_norm(x, eps)
+    return b.module.rms_norm(b.name, x, eps)
+
+
+def softmax(logits: torch.Tensor, log: bool = False) -> torch.Tensor:
+    """Softmax (or log-softmax) over the last dimension of [V] or [S, V] float32 logits, row by row."""
+    b = backend()
+    rows = logits.float().reshape(-1, logits.shape[-1]).contiguous()
+    out = portable.softmax(rows, log) if b.module is None else b.module.softmax(b.name, rows, log)
+    return out.view(logits.shape)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[T, 2I] rows of [gate | up] -> silu(gate) * up, [T, I] float32, row by row."""
+    b = backend()
+    x = (
+        gate_up.contiguous()
+        if gate_up.dtype in (torch.float32, torch.bfloat16)
+        else gate_up.float().contiguous()
+    )
+    if b.module is None:
+        return portable.silu_mul(x)
+    return b.module.silu_mul(b.name, x)
+
+
+def attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tables: torch.Tensor,
+    owners: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
+) -> torch.Tensor:
+    """Causal attention of each query row over its request's keys, read in place from the paged cache.
+
+    q: [rows, H, d]; k_cache, v_cache: [blocks, Hkv, block, d] (q's dtype); tables: [R, nb] long
+    block tables; owners: [rows] long (row of ``tables``); positions: [rows] long (a row sees keys at
+    positions 0..its own, or the last ``window``). Returns [rows, H, d] float32.
+    """
+    b = backend()
+    args = (
+        q.contiguous(),
+        k_cache,
+        v_cache,
+        tables.contiguous(),
+        owners.contiguous(),
+        positions.contiguous(),
+    )
+    if b.module is None or q.dtype not in (torch.float32, torch.bfloat16):
+        return portable.attention(*args, scale, window, softcap)
+    return b.module.attention(b.name, *args, scale, window, softcap)

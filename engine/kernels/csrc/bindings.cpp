@@ -1,0 +1,179 @@
+// Torch-facing entry points: argument checks, output allocation, the split of work between threads
+// (over outputs only), and the choice of instruction set.
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include "table.h"
+
+namespace {
+
+const nxk::KernelTable& table_for(const std::string& isa) {
+  static const nxk::KernelTable generic = nxk::generic_table();
+  static const nxk::KernelTable avx2 = nxk::avx2_table();
+  if (isa == "avx2") return avx2;
+  TORCH_CHECK(isa == "generic", "unknown instruction set ", isa);
+  return generic;
+}
+
+bool cpu_has_avx2() {
+#if defined(__x86_64__) || defined(_M_X64)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+void check_cpu(const torch::Tensor& t, const char* what) {
+  TORCH_CHECK(t.device().is_cpu(), what, " must be on the CPU");
+  TORCH_CHECK(t.is_contiguous(), what, " must be contiguous");
+}
+
+// x [M, K] float32; packed [P, K, 16] float32 or bfloat16 -> y [M, N] float32
+torch::Tensor linear(const std::string& isa, const torch::Tensor& x, const torch::Tensor& packed, int64_t n) {
+  check_cpu(x, "x");
+  check_cpu(packed, "packed weight");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x must be [M, K] float32");
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == nxk::kPanel, "packed weight must be [P, K, 16]");
+  const int64_t m = x.size(0), k = x.size(1), panels = packed.size(0);
+  TORCH_CHECK(packed.size(1) == k, "x has K=", k, " but the weight ", packed.size(1));
+  TORCH_CHECK(panels == (n + nxk::kPanel - 1) / nxk::kPanel, "packed weight does not hold N=", n);
+  auto y = torch::empty({m, n}, x.options());
+  const auto& t = table_for(isa);
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  if (m == 0) return y;
+  // a grain of panels that keeps both threads busy at one row yet not tiny at many
+  const int64_t grain = std::max<int64_t>(1, 2048 / std::max<int64_t>(1, m));
+  if (packed.scalar_type() == torch::kFloat32) {
+    const float* w = packed.data_ptr<float>();
+    at::parallel_for(0, panels, grain, [&](int64_t b, int64_t e) { t.linear_f32(xp, m, k, w, n, yp, b, e); });
+  } else {
+    TORCH_CHECK(packed.scalar_type() == torch::kBFloat16, "packed weight must be float32 or bfloat16");
+    const auto* w = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
+    at::parallel_for(0, panels, grain, [&](int64_t b, int64_t e) { t.linear_bf16(xp, m, k, w, n, yp, b, e); });
+  }
+  return y;
+}
+
+// x [T, D] float32 or bfloat16 -> x / rms(x) [T, D] float32
+torch::Tensor rms_norm(const std::string& isa, const torch::Tensor& x, double eps) {
+  check_cpu(x, "x");
+  TORCH_CHECK(x.dim() == 2, "x must be [T, D]");
+  const int64_t rows = x.size(0), d = x.size(1);
+  auto out = torch::empty({rows, d}, x.options().dtype(torch::kFloat32));
+  const auto& t = table_for(isa);
+  float* o = out.data_ptr<float>();
+  const float e = static_cast<float>(eps);
+  if (x.scalar_type() == torch::kFloat32) {
+    const float* xp = x.data_ptr<float>();
+    at::parallel_for(0, rows, 16, [&](int64_t b, int64_t en) { t.rms_norm_f32(xp, d, e, o, b, en); });
+  } else {
+    TORCH_CHECK(x.scalar_type() == torch::kBFloat16, "x must be float32 or bfloat16");
+    const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+    at::parallel_for(0, rows, 16, [&](int64_t b, int64_t en) { t.rms_norm_bf16(xp, d, e, o, b, en); });
+  }
+  return out;
+}
+
+// logits [S, V] float32 -> softmax or log-softmax over V, [S, V] float32
+torch::Tensor softmax(const std::string& isa, const torch::Tensor& x, bool log_space) {
+  check_cpu(x, "logits");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "logits must be [S, V] float32");
+  auto out = torch::empty_like(x);
+  const auto& t = table_for(isa);
+  const float* xp = x.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  const int64_t v = x.size(1);
+  at::parallel_for(0, x.size(0), 1, [&](int64_t b, int64_t e) { t.softmax(xp, v, log_space, o, b, e); });
+  return out;
+}
+
+// gate_up [T, 2I] float32 or bfloat16 -> silu(gate) * up, [T, I] float32
+torch::Tensor silu_mul(const std::string& isa, const torch::Tensor& gate_up) {
+  check_cpu(gate_up, "gate_up");
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0, "gate_up must be [T, 2I]");
+  const int64_t rows = gate_up.size(0), inter = gate_up.size(1) / 2;
+  auto out = torch::empty({rows, inter}, gate_up.options().dtype(torch::kFloat32));
+  const auto& t = table_for(isa);
+  float* o = out.data_ptr<float>();
+  if (gate_up.scalar_type() == torch::kFloat32) {
+    const float* g = gate_up.data_ptr<float>();
+    at::parallel_for(0, rows, 8, [&](int64_t b, int64_t e) { t.silu_mul_f32(g, inter, o, b, e); });
+  } else {
+    TORCH_CHECK(gate_up.scalar_type() == torch::kBFloat16, "gate_up must be float32 or bfloat16");
+    const auto* g = reinterpret_cast<const uint16_t*>(gate_up.data_ptr<at::BFloat16>());
+    at::parallel_for(0, rows, 8, [&](int64_t b, int64_t e) { t.silu_mul_bf16(g, inter, o, b, e); });
+  }
+  return out;
+}
+
+template <class T>
+nxk::AttentionArgs<T> attention_args(const torch::Tensor& q, const torch::Tensor& k_cache,
+                                     const torch::Tensor& v_cache, const torch::Tensor& tables,
+                                     const torch::Tensor& owners, const torch::Tensor& positions,
+                                     double scale, int64_t window, double softcap, torch::Tensor& out) {
+  return nxk::AttentionArgs<T>{
+      reinterpret_cast<const T*>(q.data_ptr()),
+      reinterpret_cast<const T*>(k_cache.data_ptr()),
+      reinterpret_cast<const T*>(v_cache.data_ptr()),
+      tables.data_ptr<int64_t>(),
+      tables.size(1),
+      owners.data_ptr<int64_t>(),
+      positions.data_ptr<int64_t>(),
+      q.size(1),
+      k_cache.size(1),
+      q.size(2),
+      k_cache.size(2),
+      static_cast<float>(scale),
+      window,
+      static_cast<float>(softcap),
+      out.data_ptr<float>(),
+  };
+}
+
+// q [rows, H, d]; k_cache, v_cache [blocks, Hkv, block, d] (q's dtype); tables [R, nb] long;
+// owners, positions [rows] long -> [rows, H, d] float32
+torch::Tensor attention(const std::string& isa, const torch::Tensor& q, const torch::Tensor& k_cache,
+                        const torch::Tensor& v_cache, const torch::Tensor& tables, const torch::Tensor& owners,
+                        const torch::Tensor& positions, double scale, int64_t window, double softcap) {
+  for (const auto* t : {&q, &k_cache, &v_cache, &tables, &owners, &positions}) check_cpu(*t, "attention input");
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "attention shapes");
+  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type(),
+              "q and the cache must share a dtype");
+  TORCH_CHECK(q.size(2) == k_cache.size(3) && q.size(2) % nxk::kLanes == 0 && q.size(2) <= nxk::kMaxHeadDim,
+              "head_dim must match the cache, be a multiple of ", nxk::kLanes, " and at most ", nxk::kMaxHeadDim);
+  TORCH_CHECK(q.size(1) % k_cache.size(1) == 0, "query heads must be a multiple of KV heads");
+  TORCH_CHECK(tables.scalar_type() == torch::kLong && owners.scalar_type() == torch::kLong &&
+                  positions.scalar_type() == torch::kLong,
+              "tables, owners and positions must be int64");
+  const int64_t rows = q.size(0);
+  TORCH_CHECK(owners.numel() == rows && positions.numel() == rows, "one owner and position per query row");
+  auto out = torch::empty({rows, q.size(1), q.size(2)}, q.options().dtype(torch::kFloat32));
+  const auto& t = table_for(isa);
+  const int64_t items = rows * k_cache.size(1);
+  if (q.scalar_type() == torch::kFloat32) {
+    auto args = attention_args<float>(q, k_cache, v_cache, tables, owners, positions, scale, window, softcap, out);
+    at::parallel_for(0, items, 1, [&](int64_t b, int64_t e) { t.attention_f32(args, b, e); });
+  } else {
+    TORCH_CHECK(q.scalar_type() == torch::kBFloat16, "attention takes float32 or bfloat16");
+    auto args = attention_args<uint16_t>(q, k_cache, v_cache, tables, owners, positions, scale, window, softcap, out);
+    at::parallel_for(0, items, 1, [&](int64_t b, int64_t e) { t.attention_bf16(args, b, e); });
+  }
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "nxctl's fixed-order CPU kernels (see kernels.h for the order of every reduction)";
+  m.def("cpu_has_avx2", &cpu_has_avx2, "whether this CPU has AVX2 and FMA");
+  m.def("linear", &linear, "y = x @ W^T over a packed [P, K, 16] weight, float32 out");
+  m.def("rms_norm", &rms_norm, "x / rms(x) per row, float32 out");
+  m.def("softmax", &softmax, "softmax or log-softmax per row");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up per row of [gate | up]");
+  m.def("attention", &attention, "causal attention over the paged cache, read in place");
+  m.attr("PANEL") = nxk::kPanel;
+  m.attr("LANES") = nxk::kLanes;
+}

@@ -1,0 +1,63 @@
+// The AVX2 + FMA instantiation. Everything in this file is compiled for that target (no -march flag
+// for the whole build); bindings.cpp calls into it only when the CPU has both and torch's own
+// dispatch (ATEN_CPU_CAPABILITY) allows AVX2 or better.
+#if defined(__x86_64__) || defined(_M_X64)
+// Library and shared headers first, so that nothing outside this file's own kernels is compiled
+// for AVX2 (an inline function compiled for AVX2 here could be linked into the generic path).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "vec.h"
+
+#pragma GCC target("avx2,fma")
+#include <immintrin.h>
+
+#include "table.h"
+
+namespace nxk {
+
+struct Avx2Vec {
+  using V = __m256;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V set1(float a) { return _mm256_set1_ps(a); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static V load(const uint16_t* p) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V div(V a, V b) { return _mm256_div_ps(a, b); }
+  static V max(V a, V b) { return _mm256_max_ps(a, b); }  // a > b ? a : b, as GenericVec
+  static V min(V a, V b) { return _mm256_min_ps(a, b); }  // a < b ? a : b, as GenericVec
+  static V round_even(V a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static V scale_pow2(V a, V n) {
+    const __m256i shift = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(a), shift));
+  }
+  static V zero_below(V a, V x, float bound) {
+    return _mm256_blendv_ps(a, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(bound), _CMP_LT_OQ));
+  }
+  static float hsum(V a) {  // ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+  }
+};
+
+KernelTable avx2_table() { return make_table<Avx2Vec>("avx2"); }
+
+}  // namespace nxk
+#else
+#include "table.h"
+namespace nxk {
+KernelTable avx2_table() { return generic_table(); }
+}  // namespace nxk
+#endif

@@ -1,0 +1,286 @@
+// The fixed-order kernels, written once over a vector struct O (vec.h) and compiled per instruction set.
+//
+// The order of every reduction is set here, never by a library, and depends on the row's own data
+// and position alone, never on how many rows share the call or which thread computes them:
+//   linear     y[m, n] = fma chain over k = 0, 1, ..., K-1, starting from 0 (one chain per output)
+//   attention  per (query row, head): scores q.k in 8 lanes over head_dim then hsum; softmax over the
+//              row's own keys (exact max, exp, lane sums in key order); p.v as one fma chain per output
+//              dimension over keys in position order. Keys are read in place from the paged cache.
+//   rms_norm   per row: sum of squares in 8 lanes over the row, hsum, then x * (1 / sqrt(ms + eps))
+//   softmax    per row: exact max, exp in lanes, lane sums in index order, hsum
+// Work is split between threads over outputs (column panels, rows, heads), never inside a reduction.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "vec.h"
+
+namespace nxk {
+
+constexpr int64_t kPanel = 16;      // output columns per packed weight panel: two vectors
+constexpr int64_t kRowTile = 6;     // rows per linear micro-tile (12 accumulators, 16 registers)
+constexpr int64_t kRowBlock = 96;   // rows whose inputs stay in cache while the panels stream by
+constexpr int64_t kMaxHeadDim = 512;  // attention keeps one head's output in registers / stack
+constexpr float kExpFloor = -86.0f; // exp below this is flushed to 0 (keeps 2^n a normal float)
+constexpr float kExpCeiling = 88.0f; // exp above this is exp(88)
+
+// exp(x), x clamped to at most 88: Cody-Waite reduction x = n ln2 + r, a degree-6 polynomial in r, then 2^n.
+template <class O>
+typename O::V vexp(typename O::V x) {
+  using V = typename O::V;
+  const V xc = O::min(O::max(x, O::set1(kExpFloor)), O::set1(kExpCeiling));
+  const V n = O::round_even(O::mul(xc, O::set1(1.44269504088896341f)));
+  V r = O::fma(n, O::set1(-0.693359375f), xc);
+  r = O::fma(n, O::set1(2.12194440e-4f), r);
+  V p = O::set1(1.9875691500e-4f);
+  p = O::fma(p, r, O::set1(1.3981999507e-3f));
+  p = O::fma(p, r, O::set1(8.3334519073e-3f));
+  p = O::fma(p, r, O::set1(4.1665795894e-2f));
+  p = O::fma(p, r, O::set1(1.6666665459e-1f));
+  p = O::fma(p, r, O::set1(5.0000001201e-1f));
+  V y = O::fma(p, O::mul(r, r), r);
+  y = O::add(y, O::set1(1.0f));
+  return O::zero_below(O::scale_pow2(y, n), x, kExpFloor);
+}
+
+// ---- linear: x [M, K] float32, packed weight [P, K, 16] (float32 or bf16 bits), y [M, N] float32 ----
+
+// R rows (R <= kRowTile) x 16 columns. xt: the rows' inputs interleaved, xt[k * kRowTile + r].
+template <class O, class W, int R>
+void linear_tile(const float* xt, int64_t K, const W* panel, float* y, int64_t ldy, int64_t cols) {
+  using V = typename O::V;
+  V acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = O::zero();
+  for (int64_t k = 0; k < K; ++k) {
+    const V w0 = O::load(panel + k * kPanel);
+    const V w1 = O::load(panel + k * kPanel + kLanes);
+    for (int r = 0; r < R; ++r) {
+      const V xb = O::set1(xt[k * kRowTile + r]);
+      acc[r][0] = O::fma(xb, w0, acc[r][0]);
+      acc[r][1] = O::fma(xb, w1, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    if (cols == kPanel) {
+      O::store(y + r * ldy, acc[r][0]);
+      O::store(y + r * ldy + kLanes, acc[r][1]);
+    } else {
+      float tmp[kPanel];
+      O::store(tmp, acc[r][0]);
+      O::store(tmp + kLanes, acc[r][1]);
+      std::copy(tmp, tmp + cols, y + r * ldy);
+    }
+  }
+}
+
+template <class O, class W>
+void linear_tile_rows(int64_t rows, const float* xt, int64_t K, const W* panel, float* y, int64_t ldy, int64_t cols) {
+  switch (rows) {
+    case 6: linear_tile<O, W, 6>(xt, K, panel, y, ldy, cols); break;
+    case 5: linear_tile<O, W, 5>(xt, K, panel, y, ldy, cols); break;
+    case 4: linear_tile<O, W, 4>(xt, K, panel, y, ldy, cols); break;
+    case 3: linear_tile<O, W, 3>(xt, K, panel, y, ldy, cols); break;
+    case 2: linear_tile<O, W, 2>(xt, K, panel, y, ldy, cols); break;
+    default: linear_tile<O, W, 1>(xt, K, panel, y, ldy, cols); break;
+  }
+}
+
+// Column panels [panel_begin, panel_end) of y = x @ W^T. Rows go by blocks whose inputs, interleaved
+// by tiles of kRowTile rows, stay in cache while the panels stream by. The interleaving moves inputs
+// only; every output is still one fma chain over k = 0..K-1.
+template <class O, class W>
+void linear_panels(const float* x, int64_t M, int64_t K, const W* packed, int64_t N, float* y,
+                   int64_t panel_begin, int64_t panel_end) {
+  static_assert(kRowTile == 6, "linear_tile_rows covers 1..6 rows");
+  std::vector<float> xt;
+  for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
+    const int64_t m1 = std::min(M, m0 + kRowBlock);
+    const int64_t tiles = (m1 - m0 + kRowTile - 1) / kRowTile;
+    xt.assign(tiles * K * kRowTile, 0.0f);
+    for (int64_t m = m0; m < m1; ++m) {
+      float* tile = xt.data() + (m - m0) / kRowTile * K * kRowTile + (m - m0) % kRowTile;
+      for (int64_t k = 0; k < K; ++k) tile[k * kRowTile] = x[m * K + k];
+    }
+    for (int64_t p = panel_begin; p < panel_end; ++p) {
+      const W* panel = packed + p * K * kPanel;
+      const int64_t col = p * kPanel, cols = std::min(kPanel, N - col);
+      for (int64_t t = 0; t < tiles; ++t) {
+        const int64_t m = m0 + t * kRowTile;
+        linear_tile_rows<O, W>(std::min(kRowTile, m1 - m), xt.data() + t * K * kRowTile, K, panel,
+                               y + m * N + col, N, cols);
+      }
+    }
+  }
+}
+
+// ---- row-wise reductions ----
+
+template <class O, class T>
+float sum_of_squares(const T* row, int64_t D) {
+  using V = typename O::V;
+  V acc = O::zero();
+  int64_t i = 0;
+  for (; i + kLanes <= D; i += kLanes) {
+    const V v = O::load(row + i);
+    acc = O::fma(v, v, acc);
+  }
+  if (i < D) {  // the tail in lanes 0.., zeros after: squares of zero add nothing
+    float tail[kLanes] = {0};
+    for (int64_t j = i; j < D; ++j) tail[j - i] = to_float(row[j]);
+    const V v = O::load(tail);
+    acc = O::fma(v, v, acc);
+  }
+  return O::hsum(acc);
+}
+
+// x [T, D] -> out [T, D] float32: x * (1 / sqrt(mean(x^2) + eps)), rows [begin, end)
+template <class O, class T>
+void rms_norm_rows(const T* x, int64_t D, float eps, float* out, int64_t begin, int64_t end) {
+  for (int64_t t = begin; t < end; ++t) {
+    const T* row = x + t * D;
+    const float inv = 1.0f / std::sqrt(sum_of_squares<O>(row, D) / static_cast<float>(D) + eps);
+    for (int64_t i = 0; i < D; ++i) out[t * D + i] = to_float(row[i]) * inv;
+  }
+}
+
+// one row of V float32 logits in place of exps: returns (max, sum of exp(x - max)); buf holds the exps
+template <class O>
+void exp_row(const float* x, int64_t V_, float* buf, float* max_out, float* sum_out) {
+  using V = typename O::V;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  float m = ninf;
+  for (int64_t i = 0; i < V_; ++i) m = x[i] > m ? x[i] : m;
+  V sum = O::zero();
+  const V mv = O::set1(m);
+  int64_t i = 0;
+  for (; i + kLanes <= V_; i += kLanes) {
+    const V e = vexp<O>(O::sub(O::load(x + i), mv));
+    O::store(buf + i, e);
+    sum = O::add(sum, e);
+  }
+  if (i < V_) {
+    float tail[kLanes];
+    for (int j = 0; j < kLanes; ++j) tail[j] = i + j < V_ ? x[i + j] : ninf;
+    const V e = vexp<O>(O::sub(O::load(tail), mv));
+    O::store(tail, e);
+    std::copy(tail, tail + (V_ - i), buf + i);
+    sum = O::add(sum, e);
+  }
+  *max_out = m;
+  *sum_out = O::hsum(sum);
+}
+
+// logits [S, V] float32 -> out [S, V]: softmax (log_space false) or log-softmax, rows [begin, end)
+template <class O>
+void softmax_rows(const float* x, int64_t V_, bool log_space, float* out, int64_t begin, int64_t end) {
+  for (int64_t s = begin; s < end; ++s) {
+    const float* row = x + s * V_;
+    float* o = out + s * V_;
+    float m, sum;
+    exp_row<O>(row, V_, o, &m, &sum);
+    if (log_space) {
+      const float log_sum = std::log(sum);
+      for (int64_t i = 0; i < V_; ++i) o[i] = (row[i] - m) - log_sum;
+    } else {
+      for (int64_t i = 0; i < V_; ++i) o[i] = o[i] / sum;
+    }
+  }
+}
+
+// gate_up [T, 2I] (gate | up) -> out [T, I] float32: silu(gate) * up = gate / (1 + exp(-gate)) * up
+template <class O, class T>
+void silu_mul_rows(const T* gate_up, int64_t I, float* out, int64_t begin, int64_t end) {
+  using V = typename O::V;
+  const V one = O::set1(1.0f);
+  float g[kLanes], u[kLanes], o[kLanes];
+  for (int64_t t = begin; t < end; ++t) {
+    const T* row = gate_up + t * 2 * I;
+    for (int64_t i = 0; i < I; i += kLanes) {
+      const int64_t n = std::min<int64_t>(kLanes, I - i);
+      for (int64_t j = 0; j < kLanes; ++j) {
+        g[j] = j < n ? to_float(row[i + j]) : 0.0f;
+        u[j] = j < n ? to_float(row[I + i + j]) : 0.0f;
+      }
+      const V gv = O::load(g);
+      const V e = vexp<O>(O::sub(O::zero(), gv));
+      O::store(o, O::mul(O::div(gv, O::add(one, e)), O::load(u)));
+      std::copy(o, o + n, out + t * I + i);
+    }
+  }
+}
+
+// ---- attention over the paged cache, read in place ----
+
+template <class T>
+struct AttentionArgs {
+  const T* q;               // [rows, heads, d]
+  const T* k_cache;         // [blocks, kv_heads, block, d]
+  const T* v_cache;         // [blocks, kv_heads, block, d]
+  const int64_t* tables;    // [R, table_width]: each request's block table
+  int64_t table_width;
+  const int64_t* owners;    // [rows]: the request (row of tables) each query row belongs to
+  const int64_t* positions; // [rows]: each query row's position; it sees keys 0..position (causal)
+  int64_t heads, kv_heads, d, block;
+  float scale;
+  int64_t window;           // > 0: sees only the last `window` positions (sliding window)
+  float softcap;            // > 0: scores become softcap * tanh(score / softcap)
+  float* out;               // [rows, heads, d] float32
+};
+
+// work items [begin, end) of rows * kv_heads: one query row and one KV head (its group of query heads)
+template <class O, class T>
+void attention_items(const AttentionArgs<T>& a, int64_t begin, int64_t end) {
+  using V = typename O::V;
+  const int64_t group = a.heads / a.kv_heads, d = a.d, nv = d / kLanes;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  std::vector<float> qf(group * d), scores;
+  V acc[kMaxHeadDim / kLanes];
+  for (int64_t item = begin; item < end; ++item) {
+    const int64_t row = item / a.kv_heads, g = item % a.kv_heads;
+    const int64_t pos = a.positions[row];
+    const int64_t first = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
+    const int64_t L = pos - first + 1, Lp = (L + kLanes - 1) / kLanes * kLanes;
+    const int64_t* table = a.tables + a.owners[row] * a.table_width;
+    const T* qrow = a.q + (row * a.heads + g * group) * d;
+    for (int64_t i = 0; i < group * d; ++i) qf[i] = to_float(qrow[i]);
+    scores.assign(group * Lp, ninf);
+    for (int64_t j = 0; j < L; ++j) {
+      const int64_t key = first + j;
+      const T* kp = a.k_cache + ((table[key / a.block] * a.kv_heads + g) * a.block + key % a.block) * d;
+      for (int64_t h = 0; h < group; ++h) {
+        V dot = O::zero();
+        for (int64_t t = 0; t < nv; ++t) dot = O::fma(O::load(qf.data() + h * d + t * kLanes), O::load(kp + t * kLanes), dot);
+        float s = O::hsum(dot) * a.scale;
+        if (a.softcap > 0.0f) s = a.softcap * std::tanh(s / a.softcap);
+        scores[h * Lp + j] = s;
+      }
+    }
+    for (int64_t h = 0; h < group; ++h) {
+      float* s = scores.data() + h * Lp;
+      float m = ninf;
+      for (int64_t j = 0; j < L; ++j) m = s[j] > m ? s[j] : m;
+      V sum = O::zero();
+      for (int64_t j = 0; j < Lp; j += kLanes) {
+        const V e = vexp<O>(O::sub(O::load(s + j), O::set1(m)));
+        O::store(s + j, e);
+        sum = O::add(sum, e);
+      }
+      const V total = O::set1(O::hsum(sum));
+      for (int64_t t = 0; t < nv; ++t) acc[t] = O::zero();
+      for (int64_t j = 0; j < L; ++j) {
+        const int64_t key = first + j;
+        const T* vp = a.v_cache + ((table[key / a.block] * a.kv_heads + g) * a.block + key % a.block) * d;
+        const V p = O::set1(s[j]);
+        for (int64_t t = 0; t < nv; ++t) acc[t] = O::fma(p, O::load(vp + t * kLanes), acc[t]);
+      }
+      float* o = a.out + (row * a.heads + g * group + h) * d;
+      for (int64_t t = 0; t < nv; ++t) O::store(o + t * kLanes, O::div(acc[t], total));
+    }
+  }
+}
+
+}  // namespace nxk

@@ -1,0 +1,44 @@
+// One table of kernel entry points per instruction set; bindings.cpp picks a table at run time.
+// Entry points take raw pointers and a range of work items, so threads split work between calls.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels.h"
+
+namespace nxk {
+
+struct KernelTable {
+  const char* name;
+  void (*linear_f32)(const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, int64_t);
+  void (*linear_bf16)(const float*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t, int64_t);
+  void (*attention_f32)(const AttentionArgs<float>&, int64_t, int64_t);
+  void (*attention_bf16)(const AttentionArgs<uint16_t>&, int64_t, int64_t);
+  void (*rms_norm_f32)(const float*, int64_t, float, float*, int64_t, int64_t);
+  void (*rms_norm_bf16)(const uint16_t*, int64_t, float, float*, int64_t, int64_t);
+  void (*softmax)(const float*, int64_t, bool, float*, int64_t, int64_t);
+  void (*silu_mul_f32)(const float*, int64_t, float*, int64_t, int64_t);
+  void (*silu_mul_bf16)(const uint16_t*, int64_t, float*, int64_t, int64_t);
+};
+
+// The table instantiated over vector struct O.
+template <class O>
+KernelTable make_table(const char* name) {
+  return KernelTable{
+      name,
+      &linear_panels<O, float>,
+      &linear_panels<O, uint16_t>,
+      &attention_items<O, float>,
+      &attention_items<O, uint16_t>,
+      &rms_norm_rows<O, float>,
+      &rms_norm_rows<O, uint16_t>,
+      &softmax_rows<O>,
+      &silu_mul_rows<O, float>,
+      &silu_mul_rows<O, uint16_t>,
+  };
+}
+
+KernelTable generic_table();
+KernelTable avx2_table();
+
+}  // namespace nxk

@@ -1,0 +1,106 @@
+// Eight-lane float vectors, one struct per instruction set, with the same arithmetic in every lane:
+// fused multiply-add, exact IEEE add/mul/div/max, and one fixed order for horizontal sums.
+//
+// Every kernel in kernels.h is written once over these operations. Because each operation is
+// correctly rounded (fma included) and the horizontal reduction order is spelled out here, the
+// AVX2 and the generic instantiations give the same bits; the tests check that they do.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+namespace nxk {
+
+constexpr int kLanes = 8;
+
+// float <-> bfloat16 bits (bfloat16 is the top half of a float; rounding to it is nearest-even).
+inline float bf16_to_float(uint16_t h) {
+  uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+inline float to_float(float f) { return f; }
+inline float to_float(uint16_t h) { return bf16_to_float(h); }
+
+// Scalar lanes: the portable instantiation (any CPU, any compiler).
+struct GenericVec {
+  struct V {
+    float l[kLanes];
+  };
+  static V zero() { return set1(0.0f); }
+  static V set1(float a) {
+    V v;
+    for (int i = 0; i < kLanes; ++i) v.l[i] = a;
+    return v;
+  }
+  static V load(const float* p) {
+    V v;
+    std::memcpy(v.l, p, sizeof v.l);
+    return v;
+  }
+  static V load(const uint16_t* p) {
+    V v;
+    for (int i = 0; i < kLanes; ++i) v.l[i] = bf16_to_float(p[i]);
+    return v;
+  }
+  static void store(float* p, V v) { std::memcpy(p, v.l, sizeof v.l); }
+  static V fma(V a, V b, V c) {
+    V v;
+    for (int i = 0; i < kLanes; ++i) v.l[i] = std::fma(a.l[i], b.l[i], c.l[i]);
+    return v;
+  }
+#define NXK_LANEWISE(name, expr)             \
+  static V name(V a, V b) {                  \
+    V v;                                     \
+    for (int i = 0; i < kLanes; ++i) {       \
+      const float x = a.l[i], y = b.l[i];    \
+      v.l[i] = (expr);                       \
+    }                                        \
+    return v;                                \
+  }
+  NXK_LANEWISE(add, x + y)
+  NXK_LANEWISE(sub, x - y)
+  NXK_LANEWISE(mul, x * y)
+  NXK_LANEWISE(div, x / y)
+  NXK_LANEWISE(max, x > y ? x : y)
+  NXK_LANEWISE(min, x < y ? x : y)
+#undef NXK_LANEWISE
+  static V round_even(V a) {
+    V v;
+    for (int i = 0; i < kLanes; ++i) v.l[i] = std::nearbyint(a.l[i]);
+    return v;
+  }
+  // a * 2^n for integral n in [-126, 127] and a in [0.5, 2): the exponent field moved by n.
+  static V scale_pow2(V a, V n) {
+    V v;
+    for (int i = 0; i < kLanes; ++i) {
+      int32_t bits;
+      std::memcpy(&bits, &a.l[i], sizeof bits);
+      bits += static_cast<int32_t>(n.l[i]) << 23;
+      std::memcpy(&v.l[i], &bits, sizeof bits);
+    }
+    return v;
+  }
+  // lanes of a where x >= bound, 0 elsewhere
+  static V zero_below(V a, V x, float bound) {
+    V v;
+    for (int i = 0; i < kLanes; ++i) v.l[i] = x.l[i] < bound ? 0.0f : a.l[i];
+    return v;
+  }
+  // ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), the order the AVX2 struct computes
+  static float hsum(V a) {
+    const float s0 = a.l[0] + a.l[4], s1 = a.l[1] + a.l[5], s2 = a.l[2] + a.l[6], s3 = a.l[3] + a.l[7];
+    return (s0 + s2) + (s1 + s3);
+  }
+  static float hmax(V a) {
+    float m = a.l[0];
+    for (int i = 1; i < kLanes; ++i) m = a.l[i] > m ? a.l[i] : m;
+    return m;
+  }
+};
+
+}  // namespace nxk

@@ -1,0 +1,84 @@
+"""The portable kernels: pure torch, for a machine where the C++ kernels cannot be built.
+
+Invariant by the plainest construction: every row is computed alone, by the same library calls on
+tensors whose shapes depend on that row alone (its own length, its own keys). Whatever shares the
+batch, a row meets the same calls with the same shapes, so the library's choice of kernel cannot
+depend on the batch. Slow (one call per row), and the bits differ from the C++ kernels'.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+PANEL = 16
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
+    """x [M, K] float32 @ packed [P, K, 16] -> [M, N] float32, row by row."""
+    panels, k, _ = packed.shape
+    weight = packed.float().transpose(1, 2).reshape(panels * PANEL, k)[:n]  # [N, K]
+    out = torch.empty(x.shape[0], n, dtype=torch.float32)
+    for i in range(x.shape[0]):
+        out[i : i + 1] = F.linear(x[i : i + 1], weight)
+    return out
+
+
+def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [T, D] -> x / rms(x), [T, D] float32, row by row."""
+    rows = x.float()
+    out = torch.empty_like(rows)
+    for i in range(rows.shape[0]):
+        out[i : i + 1] = F.rms_norm(rows[i : i + 1], (rows.shape[1],), None, eps)
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[T, 2I] rows of [gate | up] -> silu(gate) * up, [T, I] float32, row by row."""
+    gate, up = gate_up.float().chunk(2, dim=1)
+    out = torch.empty_like(gate)
+    for i in range(gate.shape[0]):
+        out[i] = F.silu(gate[i]) * up[i]
+    return out
+
+
+def softmax(rows: torch.Tensor, log: bool) -> torch.Tensor:
+    """rows [S, V] float32 -> softmax or log-softmax per row."""
+    fn = torch.log_softmax if log else torch.softmax
+    out = torch.empty_like(rows)
+    for i in range(rows.shape[0]):
+        out[i] = fn(rows[i], dim=-1)
+    return out
+
+
+def attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tables: torch.Tensor,
+    owners: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float,
+    window: int,
+    softcap: float,
+) -> torch.Tensor:
+    """engine.kernels.attention, one query row at a time over its own gathered keys: [rows, H, d] float32."""
+    rows, heads, d = q.shape
+    kv_heads, block = k_cache.shape[1], k_cache.shape[2]
+    group = heads // kv_heads
+    out = torch.empty(rows, heads, d, dtype=torch.float32)
+    for i in range(rows):
+        pos = int(positions[i])
+        first = max(0, pos - window + 1) if window > 0 else 0
+        keys_at = torch.arange(first, pos + 1)
+        blocks = tables[int(owners[i])][keys_at // block]
+        offsets = keys_at % block
+        keys = k_cache[blocks, :, offsets].float().transpose(0, 1)  # [Hkv, L, d]
+        values = v_cache[blocks, :, offsets].float().transpose(0, 1)  # [Hkv, L, d]
+        qi = q[i].float().view(kv_heads, group, d)  # [Hkv, group, d]
+        scores = torch.matmul(qi, keys.transpose(1, 2)) * scale  # [Hkv, group, L]
+        if softcap > 0:
+            scores = softcap * torch.tanh(scores / softcap)
+        probs = torch.softmax(scores, dim=-1)
+        out[i] = torch.matmul(probs, values).reshape(heads, d)
+    return out

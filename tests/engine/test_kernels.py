@@ -1,0 +1,172 @@
+"""Our fixed-order kernels: close to the library's results, and a row's bits depend on that row alone
+(not on the rows beside it, their count, the thread count or the instruction set the kernel was built for)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import kernels
+
+COMPILED = kernels.backend().module is not None
+ISAS = ("avx2", "generic") if COMPILED and kernels.backend().name == "avx2" else (kernels.backend().name,)
+needs_compiled = pytest.mark.skipif(not COMPILED, reason="the C++ kernels are not built on this machine")
+
+
+def _call(isa: str, fn: str, *args):
+    module = kernels.backend().module
+    if module is None:
+        return getattr(kernels.portable, fn)(*args)
+    return getattr(module, fn)(isa, *args)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(576, 576), (1536, 576), (576, 1536), (100, 37), (3, 8)])
+def test_linear_rows_alone_equal_rows_in_any_batch(dtype, shape):
+    n, k = shape
+    gen = torch.Generator().manual_seed(n * k)
+    weight = torch.randn(n, k, generator=gen).to(dtype)
+    packed = kernels.pack_linear_weight(weight)
+    assert torch.equal(kernels.unpack_linear_weight(packed, n, dtype), weight)
+    x = torch.randn(67, k, generator=gen).to(dtype).float()
+    full = kernels.linear(x, packed, n)
+    assert torch.allclose(full, F.linear(x, weight.float()), atol=1e-3 * k**0.5, rtol=1e-3)
+    for m in (1, 2, 5, 6, 7, 16, 31):
+        start = (m * 7) % (67 - m)
+        assert torch.equal(kernels.linear(x[start : start + m], packed, n), full[start : start + m])
+
+
+@needs_compiled
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_instruction_set_and_thread_count_gives_the_same_bits(dtype):
+    gen = torch.Generator().manual_seed(1)
+    weight = torch.randn(200, 96, generator=gen).to(dtype)
+    packed = kernels.pack_linear_weight(weight)
+    x = torch.randn(13, 96, generator=gen)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            for isa in ISAS:
+                results.append(_call(isa, "linear", x, packed, 200))
+                results.append(_call(isa, "rms_norm", x, 1e-5))
+                results.append(_call(isa, "softmax", x * 10, True))
+                results.append(_call(isa, "silu_mul", x))
+    finally:
+        torch.set_num_threads(threads)
+    for other in range(4, len(results)):
+        assert torch.equal(results[other], results[other % 4])
+
+
+def test_row_wise_kernels_match_torch_and_ignore_neighbours():
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(37, 576, generator=gen) * 3
+    norm = kernels.rms_norm(x, 1e-5)
+    assert torch.allclose(norm, F.rms_norm(x, (576,), None, 1e-5), atol=1e-5)
+    logits = torch.randn(3, 49152, generator=gen) * 8
+    assert torch.allclose(kernels.softmax(logits, log=True), torch.log_softmax(logits, -1), atol=1e-5)
+    assert torch.allclose(kernels.softmax(logits), torch.softmax(logits, -1), atol=1e-7)
+    assert torch.allclose(kernels.softmax(logits).sum(-1), torch.ones(3), atol=1e-5)
+    gate_up = torch.randn(9, 2 * 100, generator=gen) * 30
+    gate, up = gate_up.chunk(2, dim=1)
+    assert torch.allclose(kernels.silu_mul(gate_up), F.silu(gate) * up, atol=1e-4, rtol=1e-5)
+    for i in (0, 5, 36):
+        assert torch.equal(kernels.rms_norm(x[i : i + 1], 1e-5), norm[i : i + 1])
+    assert torch.equal(kernels.softmax(logits[1], log=True), kernels.softmax(logits, log=True)[1])
+    assert torch.equal(kernels.silu_mul(gate_up[4:5]), kernels.silu_mul(gate_up)[4:5])
+
+
+def _reference_attention(q, k_cache, v_cache, tables, owners, positions, scale, window=0, softcap=0.0):
+    """The plain formula, one row at a time over gathered keys, in float64."""
+    heads, kv_heads, block = q.shape[1], k_cache.shape[1], k_cache.shape[2]
+    out = []
+    for i in range(q.shape[0]):
+        pos = int(positions[i])
+        first = max(0, pos - window + 1) if window else 0
+        at = torch.arange(first, pos + 1)
+        blocks = tables[int(owners[i])][at // block]
+        keys = k_cache[blocks, :, at % block].double().transpose(0, 1).repeat_interleave(heads // kv_heads, 0)
+        values = (
+            v_cache[blocks, :, at % block].double().transpose(0, 1).repeat_interleave(heads // kv_heads, 0)
+        )
+        scores = torch.einsum("hd,hld->hl", q[i].double(), keys) * scale
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
+        out.append(torch.einsum("hl,hld->hd", torch.softmax(scores, -1), values))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("head_dim,heads,kv_heads", [(64, 9, 3), (128, 4, 4), (256, 8, 1)])
+@pytest.mark.parametrize("window,softcap", [(0, 0.0), (24, 0.0), (0, 30.0)])
+def test_paged_attention_in_place(head_dim, heads, kv_heads, window, softcap):
+    gen = torch.Generator().manual_seed(head_dim + heads + window)
+    blocks, block = 48, 16
+    k_cache = torch.randn(blocks, kv_heads, block, head_dim, generator=gen)
+    v_cache = torch.randn(blocks, kv_heads, block, head_dim, generator=gen)
+    tables = torch.randperm(blocks, generator=gen)[:40].view(4, 10)
+    owners = torch.tensor([0, 1, 2, 3, 3, 3, 3])
+    positions = torch.tensor([100, 0, 159, 60, 61, 62, 63])
+    q = torch.randn(7, heads, head_dim, generator=gen)
+    scale = head_dim**-0.5
+    out = kernels.attention(q, k_cache, v_cache, tables, owners, positions, scale, window, softcap)
+    ref = _reference_attention(q, k_cache, v_cache, tables, owners, positions, scale, window, softcap)
+    assert torch.allclose(out.double(), ref, atol=2e-5)
+    # a decode row alone, a chunk row among its chunk, a row among other requests: the same bits
+    for rows in ([2], [4, 5], [0, 6], [3]):
+        picked = torch.tensor(rows)
+        alone = kernels.attention(
+            q[picked], k_cache, v_cache, tables, owners[picked], positions[picked], scale, window, softcap
+        )
+        assert torch.equal(alone, out[picked])
+
+
+def test_bfloat16_attention_close_to_float32():
+    gen = torch.Generator().manual_seed(3)
+    k_cache = torch.randn(8, 2, 16, 64, generator=gen)
+    v_cache = torch.randn(8, 2, 16, 64, generator=gen)
+    tables = torch.arange(8).view(1, 8)
+    q = torch.randn(3, 6, 64, generator=gen)
+    args = (tables, torch.zeros(3, dtype=torch.long), torch.tensor([5, 70, 127]), 0.125)
+    full = kernels.attention(q, k_cache, v_cache, *args)
+    half = kernels.attention(q.bfloat16(), k_cache.bfloat16(), v_cache.bfloat16(), *args)
+    assert (full - half).abs().max() < 0.05
+
+
+def _run(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env}, timeout=600
+    )
+
+
+INVARIANCE_SCRIPT = """
+from engine import LLM, SamplingParams, kernels
+llm = LLM("tiny", num_kv_blocks=64)
+prompts = [[5 + i, 9, 12 + i, 7] * (i + 1) for i in range(5)]
+params = SamplingParams(max_tokens=6, temperature=0.8, seed=7)
+together = llm.generate(prompts, params)
+alone = [llm.generate([p], params)[0] for p in prompts]
+assert [o.token_ids for o in together] == [o.token_ids for o in alone]
+print(kernels.backend().name)
+"""
+
+
+def test_portable_backend_runs_invariant_without_the_compiled_kernels():
+    done = _run(INVARIANCE_SCRIPT, NXCTL_KERNELS="portable")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("portable")
+
+
+def test_a_failed_build_falls_back_with_one_line_of_notice(tmp_path):
+    code = "from engine import kernels; print(kernels.backend().name)"
+    done = _run(code, NXCTL_KERNELS_DIR=str(tmp_path), CXX="/nonexistent/c++", NXCTL_KERNELS="")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "portable"
+    notice = [line for line in done.stderr.splitlines() if line.startswith("nxctl:")]
+    assert len(notice) == 1 and "portable" in notice[0]
+    assert "Traceback" not in done.stderr
