@@ -7,7 +7,7 @@ KSTAMP := $(VENV)/.nxctl-kernels
 KERNEL_SOURCES := $(wildcard engine/kernels/csrc/*) engine/kernels/build.py
 ARGS   ?=
 
-.PHONY: setup test lint gate serve fixtures bench clean
+.PHONY: setup test lint gate gate-matrix serve fixtures bench clean
 
 setup: $(STAMP) $(KSTAMP)
 
@@ -35,6 +35,10 @@ lint: setup
 
 gate: setup
 	$(BIN)/nxctl gate $(ARGS)
+
+# the invariance gate in a fresh process per CPU cell (instruction-set caps) x thread count
+gate-matrix: setup
+	$(BIN)/nxctl gate --matrix $(ARGS)
 
 serve: setup
 	$(BIN)/nxctl serve $(ARGS)

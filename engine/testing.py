@@ -30,6 +30,16 @@ def batch_dependent_matmul(engine: Engine) -> Iterator[None]:
 
 
 @contextmanager
+def batch_dependent_norm(engine: Engine) -> Iterator[None]:
+    """While active, every RMSNorm's epsilon grows with the step's row count: a batch-dependent reduction."""
+    engine.faults.batch_dependent_norm = True
+    try:
+        yield
+    finally:
+        engine.faults.batch_dependent_norm = False
+
+
+@contextmanager
 def fail_requests(engine: Engine, *request_ids: str) -> Iterator[None]:
     """While active, the named requests raise inside the step when they sample (others go on)."""
     engine.faults.fail_requests.update(request_ids)

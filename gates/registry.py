@@ -13,6 +13,7 @@ from gates.framework import Gate
 GATE_MODULES: tuple[str, ...] = (
     "engine_gate",
     "sched_gate",
+    "invariance_gate",
     "share_gate",
     "mux_gate",
     "serve_gate",

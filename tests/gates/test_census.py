@@ -48,6 +48,12 @@ STABLE_IDS = {
         "sched.neg.batch_dependent_matmul",
         "sched.neg.changed_seed",
     ),
+    *("invariance.kernels", "invariance.tiny_f32", "invariance.tiny_bf16", "invariance.smollm2_f32"),
+    *(
+        "invariance.smollm2_bf16",
+        "invariance.neg.batch_dependent_matmul",
+        "invariance.neg.batch_dependent_norm",
+    ),
     *("share.prefix_identical", "share.prefix_hits", "share.priority", "share.fairness"),
     *("share.neg.last_block_key", "share.neg.fcfs"),
     *("mux.registry_sizes", "mux.hit", "mux.evict_cycle", "mux.refuse_oversized", "mux.lru", "mux.budget"),

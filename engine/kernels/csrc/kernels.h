@@ -248,15 +248,27 @@ void attention_items(const AttentionArgs<T>& a, int64_t begin, int64_t end) {
     const T* qrow = a.q + (row * a.heads + g * group) * d;
     for (int64_t i = 0; i < group * d; ++i) qf[i] = to_float(qrow[i]);
     scores.assign(group * Lp, ninf);
-    for (int64_t j = 0; j < L; ++j) {
-      const int64_t key = first + j;
-      const T* kp = a.k_cache + ((table[key / a.block] * a.kv_heads + g) * a.block + key % a.block) * d;
+    // scores: keys four at a time, so four independent fma chains are in flight; each key's own
+    // chain over head_dim is the same whichever keys share its group of four
+    for (int64_t j0 = 0; j0 < L; j0 += 4) {
+      const int64_t nk = std::min<int64_t>(4, L - j0);
+      const T* kp[4];
+      for (int64_t u = 0; u < 4; ++u) {
+        const int64_t key = first + j0 + std::min(u, nk - 1);
+        kp[u] = a.k_cache + ((table[key / a.block] * a.kv_heads + g) * a.block + key % a.block) * d;
+      }
       for (int64_t h = 0; h < group; ++h) {
-        V dot = O::zero();
-        for (int64_t t = 0; t < nv; ++t) dot = O::fma(O::load(qf.data() + h * d + t * kLanes), O::load(kp + t * kLanes), dot);
-        float s = O::hsum(dot) * a.scale;
-        if (a.softcap > 0.0f) s = a.softcap * std::tanh(s / a.softcap);
-        scores[h * Lp + j] = s;
+        const float* qh = qf.data() + h * d;
+        V dot[4] = {O::zero(), O::zero(), O::zero(), O::zero()};
+        for (int64_t t = 0; t < nv; ++t) {
+          const V qv = O::load(qh + t * kLanes);
+          for (int u = 0; u < 4; ++u) dot[u] = O::fma(qv, O::load(kp[u] + t * kLanes), dot[u]);
+        }
+        for (int64_t u = 0; u < nk; ++u) {
+          float s = O::hsum(dot[u]) * a.scale;
+          if (a.softcap > 0.0f) s = a.softcap * std::tanh(s / a.softcap);
+          scores[h * Lp + j0 + u] = s;
+        }
       }
     }
     for (int64_t h = 0; h < group; ++h) {

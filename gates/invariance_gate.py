@@ -1,0 +1,249 @@
+"""Gate `invariance`: batch invariance by construction, checked on cases drawn from a seed.
+
+The sched gate checks fixed workloads; this one draws its cases (admission schedules, prompt lengths,
+shared prefixes, sampling settings, KV pool sizes, prefill chunk sizes) from a seed, so every run
+probes new shapes, row counts and paths, and a RED can be replayed: the seed is in every row.
+The seed comes from ``NXCTL_GATE_SEED`` (CI derives it from the commit hash), default 0;
+``NXCTL_THREADS`` sets the thread count (the CPU matrix runs 1 and 2).
+
+Checks:
+- kernels: each of our kernels on the real model's shapes, rows alone vs at random places among up to
+  64 random rows (and 512-row prefill chunks): identical bits, float32 and bfloat16;
+- engine runs, tiny and smollm2, float32 and bfloat16: every request's token ids, logprob bits and
+  text equal its solo run on an engine with another prefill chunk size (so chunk boundaries move),
+  while the batched run sees mid-flight admissions, preemption by recompute and prefix-cache hits;
+- a digest of every output bit, for the matrix to compare across thread counts.
+Negative controls (each must turn the gate RED): a batch-dependent matmul and a batch-dependent
+normalisation (engine/testing.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import struct
+from dataclasses import dataclass
+
+import torch
+
+from engine import kernels, testing
+from engine.llm_engine import LLM
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+from gates.framework import Gate, GateRun
+from gates.sched_gate import Workload, run_schedule, run_solo, same
+
+SEED_ENV = "NXCTL_GATE_SEED"
+THREADS_ENV = "NXCTL_THREADS"
+SMOLLM2_SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # qkv, o, gate_up, down (out, in)
+
+
+def gate_seed() -> int:
+    """The seed every drawn case derives from (NXCTL_GATE_SEED, default 0)."""
+    raw = os.environ.get(SEED_ENV, "0").strip() or "0"
+    return int(raw, 0)
+
+
+@dataclass(frozen=True)
+class EngineCase:
+    """One drawn engine run: the model, the dtype and everything drawn for it."""
+
+    model: str
+    dtype: str
+    requests: int
+    max_prompt: int
+    max_tokens: int
+
+
+ENGINE_CASES = {
+    "invariance.tiny_f32": EngineCase("tiny", "float32", 20, 600, 40),
+    "invariance.tiny_bf16": EngineCase("tiny", "bfloat16", 14, 600, 32),
+    "invariance.smollm2_f32": EngineCase("smollm2", "float32", 6, 300, 12),
+    "invariance.smollm2_bf16": EngineCase("smollm2", "bfloat16", 6, 300, 12),
+}
+
+
+def draw_workload(rng: random.Random, vocab: int, case: EngineCase) -> Workload:
+    """Prompts (some sharing a drawn prefix, so the prefix cache hits), sampling settings and arrivals."""
+    shared = [rng.randrange(3, vocab) for _ in range(rng.choice([16, 32, 48, 64]))]
+    prompts, params = [], []
+    for _ in range(case.requests):
+        length = rng.choice([1, rng.randint(1, 16), rng.randint(1, case.max_prompt)])
+        own = [rng.randrange(3, vocab) for _ in range(length)]
+        prompts.append(shared + own if rng.random() < 0.4 else own)
+        temperature = rng.choice([0.0, 0.0, 0.6, 1.0, 1.4])
+        params.append(
+            SamplingParams(
+                max_tokens=rng.randint(1, case.max_tokens),
+                temperature=temperature,
+                top_k=rng.choice([0, 0, 3, 50]),
+                top_p=rng.choice([1.0, 1.0, 0.9, 0.5]),
+                min_p=rng.choice([0.0, 0.0, 0.05]),
+                seed=rng.randrange(2**31),
+                ignore_eos=rng.random() < 0.7,
+                logprobs=rng.choice([0, 0, 3]),
+            )
+        )
+    arrivals = sorted(rng.randint(0, 30) for _ in range(case.requests))
+    return Workload(prompts, params, arrivals)
+
+
+def draw_settings(rng: random.Random, work: Workload) -> dict:
+    """Engine settings for the batched run: a pool between just enough for the largest request and
+    half as much again (tight pools force preemption by recompute), a drawn prefill chunk and budget."""
+    block = 16
+    need = max(-(-(len(p) + s.max_tokens) // block) for p, s in zip(work.prompts, work.params, strict=True))
+    chunk = rng.choice([16, 32, 64, 128])
+    return {
+        "num_kv_blocks": need + rng.randint(0, need // 2 + 1),
+        "max_num_seqs": rng.choice([4, 8, 16]),
+        "prefill_chunk": chunk,
+        "max_num_batched_tokens": chunk + rng.choice([0, 32, 96]),
+    }
+
+
+def digest(outputs: list[RequestOutput]) -> str:
+    """sha256 over every output's token ids and the bits of its logprobs (12 hex digits)."""
+    h = hashlib.sha256()
+    for out in outputs:
+        h.update(struct.pack(f"{len(out.token_ids)}q", *out.token_ids))
+        h.update(struct.pack(f"{len(out.logprobs)}f", *out.logprobs))
+    return h.hexdigest()[:12]
+
+
+def _thread_setting() -> int | None:
+    raw = os.environ.get(THREADS_ENV, "").strip()
+    return int(raw) if raw else None
+
+
+def _engine_case(run: GateRun, check_id: str, case: EngineCase, seed: int) -> LLM:
+    rng = random.Random(f"{seed}:{check_id}")
+    threads = _thread_setting()
+    solo_llm = LLM(case.model, dtype=case.dtype, threads=threads, num_kv_blocks=2048, prefill_chunk=512)
+    work = draw_workload(rng, solo_llm.model_config.vocab_size, case)
+    settings = draw_settings(rng, work)
+    solo = [run_solo(solo_llm.engine, p, s) for p, s in zip(work.prompts, work.params, strict=True)]
+    del solo_llm
+    llm = LLM(case.model, dtype=case.dtype, threads=threads, **settings)
+    batched = run_schedule(llm.engine, work)
+    differing = [i for i, (a, b) in enumerate(zip(solo, batched, strict=True)) if not same(a, b)]
+    engine = llm.engine
+    run.check(
+        check_id,
+        not differing,
+        "every request == its solo run (token ids, logprob bits, text)",
+        f"{len(differing)}/{len(work.prompts)} differ" + (f": {differing[:5]}" if differing else ""),
+        f"seed {seed}; {case.model} {case.dtype}; {settings}; "
+        f"{engine.scheduler.num_preemptions} preemptions, {engine.pool.hits} prefix-cache block hits, "
+        f"up to {engine.stats.max_requests_in_step} requests a step; digest {digest(batched)}; "
+        f"kernels {kernels.backend().name}, {torch.get_num_threads()} threads",
+    )
+    return llm
+
+
+def _kernel_rows(run: GateRun, seed: int) -> None:
+    """Our kernels on the real shapes: a row alone == the same row among random neighbours."""
+    rng = random.Random(f"{seed}:kernels")
+    gen = torch.Generator().manual_seed(seed)
+    differing: list[str] = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for n, k in SMOLLM2_SHAPES:
+            packed = kernels.pack_linear_weight(torch.randn(n, k, generator=gen).to(dtype))
+            rows = rng.choice([rng.randint(2, 64), 512])
+            x = torch.randn(rows, k, generator=gen).to(dtype)
+            full = kernels.linear(x, packed, n)
+            for i in rng.sample(range(rows), 3):
+                if not torch.equal(kernels.linear(x[i : i + 1], packed, n), full[i : i + 1]):
+                    differing.append(f"linear {dtype} {n}x{k} row {i}/{rows}")
+        x = torch.randn(rng.randint(2, 64), 576, generator=gen).to(dtype)
+        i = rng.randrange(x.shape[0])
+        if not torch.equal(kernels.rms_norm(x[i : i + 1], 1e-5), kernels.rms_norm(x, 1e-5)[i : i + 1]):
+            differing.append(f"rms_norm {dtype} row {i}/{x.shape[0]}")
+        gate_up = torch.randn(x.shape[0], 3072, generator=gen).to(dtype)
+        if not torch.equal(kernels.silu_mul(gate_up[i : i + 1]), kernels.silu_mul(gate_up)[i : i + 1]):
+            differing.append(f"silu_mul {dtype} row {i}")
+        differing += _attention_rows(rng, gen, dtype)
+    logits = torch.randn(rng.randint(2, 16), 49152, generator=gen) * 10
+    if not torch.equal(kernels.softmax(logits[1], log=True), kernels.softmax(logits, log=True)[1]):
+        differing.append("log_softmax row 1")
+    run.check(
+        "invariance.kernels",
+        not differing,
+        "every row alone == the same row among others",
+        f"{len(differing)} differ" + (f": {differing[:4]}" if differing else ""),
+        f"seed {seed}; linears {SMOLLM2_SHAPES} and 512-row chunks, attention with decodes beside a "
+        f"prefill chunk, rms_norm, silu_mul, log_softmax; float32 and bfloat16; kernels {kernels.backend().name}",
+    )
+
+
+def _attention_rows(rng: random.Random, gen: torch.Generator, dtype: torch.dtype) -> list[str]:
+    """Decode rows of several requests beside one request's prefill chunk (up to 512 rows)."""
+    blocks, block, kv_heads, heads, d = 240, 16, 3, 9, 64
+    k_cache = torch.randn(blocks, kv_heads, block, d, generator=gen).to(dtype)
+    v_cache = torch.randn(blocks, kv_heads, block, d, generator=gen).to(dtype)
+    requests = rng.randint(2, 6)
+    tables = torch.randperm(blocks, generator=gen)[: requests * 40].view(requests, 40)
+    decodes = [rng.randrange(640) for _ in range(requests - 1)]
+    chunk_start, chunk = rng.randrange(100), rng.choice([rng.randint(2, 64), 512])
+    positions = torch.tensor(decodes + list(range(chunk_start, chunk_start + chunk)))
+    owners = torch.tensor(list(range(requests - 1)) + [requests - 1] * chunk)
+    q = torch.randn(len(positions), heads, d, generator=gen).to(dtype)
+    full = kernels.attention(q, k_cache, v_cache, tables, owners, positions, d**-0.5)
+    wrong = []
+    for i in rng.sample(range(len(positions)), 4):
+        pick = torch.tensor([i])
+        alone = kernels.attention(q[pick], k_cache, v_cache, tables, owners[pick], positions[pick], d**-0.5)
+        if not torch.equal(alone, full[pick]):
+            wrong.append(f"attention {dtype} row {i}/{len(positions)}")
+    return wrong
+
+
+def _negatives(run: GateRun, llm: LLM, seed: int) -> None:
+    rng = random.Random(f"{seed}:negatives")
+    case = ENGINE_CASES["invariance.tiny_f32"]
+    work = draw_workload(rng, llm.model_config.vocab_size, case)
+    work = Workload(work.prompts[:8], work.params[:8], [0] * 8)
+    engine = llm.engine
+    for check_id, fault in (
+        ("invariance.neg.batch_dependent_matmul", testing.batch_dependent_matmul),
+        ("invariance.neg.batch_dependent_norm", testing.batch_dependent_norm),
+    ):
+        with fault(engine):
+            batched = run_schedule(engine, work)
+            solo = [run_solo(engine, p, s) for p, s in zip(work.prompts, work.params, strict=True)]
+        differ = sum(not same(a, b) for a, b in zip(solo, batched, strict=True))
+        run.negative(
+            check_id,
+            caught=differ > 0,
+            observed=f"{differ}/8 requests differ from their solo runs",
+            detail=f"seed {seed}; 8 drawn requests admitted together, under the fault",
+        )
+
+
+def _body(run: GateRun) -> None:
+    seed = gate_seed()
+    threads = _thread_setting()
+    if threads:
+        torch.set_num_threads(threads)
+    _kernel_rows(run, seed)
+    tiny = None
+    for check_id, case in ENGINE_CASES.items():
+        llm = _engine_case(run, check_id, case, seed)
+        if check_id == "invariance.tiny_f32":
+            tiny = llm
+    assert tiny is not None
+    _negatives(run, tiny, seed)
+
+
+GATE = Gate(
+    name="invariance",
+    summary="batch invariance on drawn cases: kernels and engine runs, float32 and bfloat16, tiny and smollm2",
+    checks=(
+        "invariance.kernels",
+        *ENGINE_CASES,
+        "invariance.neg.batch_dependent_matmul",
+        "invariance.neg.batch_dependent_norm",
+    ),
+    body=_body,
+)
