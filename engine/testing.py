@@ -7,7 +7,7 @@ Each hook names what it breaks; the context managers undo it on exit.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 from engine.llm_engine import Engine
 
@@ -20,23 +20,23 @@ def perturb_weight(engine: Engine, name: str, delta: float = 0.05, index: int = 
 
 
 @contextmanager
-def batch_dependent_matmul(engine: Engine) -> Iterator[None]:
+def _fault_switched_on(engine: Engine, switch: str) -> Iterator[None]:
+    """Set one boolean fault switch for the duration of the block."""
+    setattr(engine.faults, switch, True)
+    try:
+        yield
+    finally:
+        setattr(engine.faults, switch, False)
+
+
+def batch_dependent_matmul(engine: Engine) -> AbstractContextManager[None]:
     """While active, every linear is a deliberately batch-dependent matmul (its result shifts with M)."""
-    engine.faults.batch_dependent_matmul = True
-    try:
-        yield
-    finally:
-        engine.faults.batch_dependent_matmul = False
+    return _fault_switched_on(engine, "batch_dependent_matmul")
 
 
-@contextmanager
-def batch_dependent_norm(engine: Engine) -> Iterator[None]:
+def batch_dependent_norm(engine: Engine) -> AbstractContextManager[None]:
     """While active, every RMSNorm's epsilon grows with the step's row count: a batch-dependent reduction."""
-    engine.faults.batch_dependent_norm = True
-    try:
-        yield
-    finally:
-        engine.faults.batch_dependent_norm = False
+    return _fault_switched_on(engine, "batch_dependent_norm")
 
 
 @contextmanager

@@ -9,7 +9,7 @@ import pytest
 
 from gates import matrix
 from gates.framework import read_tsv, run_gate
-from gates.invariance_gate import ENGINE_CASES, GATE
+from gates.invariance_gate import ENGINE_CASES, GATE, gate_seed
 
 NEGATIVES = ("invariance.neg.batch_dependent_matmul", "invariance.neg.batch_dependent_norm")
 
@@ -26,7 +26,7 @@ def test_invariance_gate_green_with_seed_and_digest_in_every_row(green) -> None:
     rows = {r["check"]: r for r in read_tsv(status / "invariance.tsv")}
     assert set(rows) == set(GATE.checks)
     for check in ENGINE_CASES:
-        assert "seed 0" in rows[check]["detail"] and "digest " in rows[check]["detail"]
+        assert f"seed {gate_seed()};" in rows[check]["detail"] and "digest " in rows[check]["detail"]
 
 
 def test_each_negative_control_fires(green) -> None:
