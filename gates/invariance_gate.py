@@ -36,6 +36,7 @@ from gates.sched_gate import Workload, run_schedule, run_solo, same
 
 SEED_ENV = "NXCTL_GATE_SEED"
 THREADS_ENV = "NXCTL_THREADS"
+MAX_SHARED_PREFIX = 64  # tokens of the prefix some drawn prompts share
 SMOLLM2_SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # qkv, o, gate_up, down (out, in)
 
 
@@ -66,7 +67,7 @@ ENGINE_CASES = {
 
 def draw_workload(rng: random.Random, vocab: int, case: EngineCase) -> Workload:
     """Prompts (some sharing a drawn prefix, so the prefix cache hits), sampling settings and arrivals."""
-    shared = [rng.randrange(3, vocab) for _ in range(rng.choice([16, 32, 48, 64]))]
+    shared = [rng.randrange(3, vocab) for _ in range(rng.choice([16, 32, 48, MAX_SHARED_PREFIX]))]
     prompts, params = [], []
     for _ in range(case.requests):
         length = rng.choice([1, rng.randint(1, 16), rng.randint(1, case.max_prompt)])
@@ -120,7 +121,11 @@ def _thread_setting() -> int | None:
 def _engine_case(run: GateRun, check_id: str, case: EngineCase, seed: int) -> LLM:
     rng = random.Random(f"{seed}:{check_id}")
     threads = _thread_setting()
-    solo_llm = LLM(case.model, dtype=case.dtype, threads=threads, num_kv_blocks=2048, prefill_chunk=512)
+    # one request at a time: a pool for the largest drawn request (shared prefix + prompt + output)
+    solo_blocks = -(-(MAX_SHARED_PREFIX + case.max_prompt + case.max_tokens) // 16)
+    solo_llm = LLM(
+        case.model, dtype=case.dtype, threads=threads, num_kv_blocks=solo_blocks, prefill_chunk=512
+    )
     work = draw_workload(rng, solo_llm.model_config.vocab_size, case)
     settings = draw_settings(rng, work)
     solo = [run_solo(solo_llm.engine, p, s) for p, s in zip(work.prompts, work.params, strict=True)]

@@ -7,7 +7,7 @@ thread count or a library's choice of kernel. Three backends, chosen once per pr
     avx2      the C++ kernels compiled for AVX2 + FMA (x86 CPUs that have both, when torch's own
               dispatch, ATEN_CPU_CAPABILITY, also allows AVX2 or better)
     generic   the same C++ kernels over scalar lanes: any CPU with a C++ compiler, same bits as avx2
-    portable  pure torch, elementwise ops in a fixed sequence: no compiler needed, invariant, slow
+    portable  pure torch, each row computed alone: no compiler needed, invariant, slow
 
 ``NXCTL_KERNELS=generic|portable`` forces a backend (tests use it to exercise each).
 """
@@ -88,43 +88,38 @@ def unpack_linear_weight(packed: torch.Tensor, n: int, dtype: torch.dtype) -> to
     return packed.transpose(1, 2).reshape(panels * PANEL, k)[:n].to(dtype).contiguous()
 
 
+def _float_input(x: torch.Tensor) -> torch.Tensor:
+    """x contiguous, as float32 or bfloat16 (the dtypes the kernels read)."""
+    return x.contiguous() if x.dtype in (torch.float32, torch.bfloat16) else x.float().contiguous()
+
+
+def _run(name: str, *args: object) -> torch.Tensor:
+    """Kernel ``name`` on this process's backend: the compiled module, or its portable twin."""
+    b = backend()
+    if b.module is None:
+        return getattr(portable, name)(*args)
+    return getattr(b.module, name)(b.name, *args)
+
+
 def linear(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
     """x [M, K] (any float dtype) @ packed weight -> [M, N] float32; each output one fma chain over K."""
-    b = backend()
-    x = x.float().contiguous()
-    if b.module is None:
-        return portable.linear(x, packed, n)
-    return b.module.linear(b.name, x, packed, n)
+    return _run("linear", x.float().contiguous(), packed, n)
 
 
 def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """x [T, D] float32 or bfloat16 -> x / sqrt(mean(x^2) + eps), [T, D] float32, row by row."""
-    b = backend()
-    x = x.contiguous() if x.dtype in (torch.float32, torch.bfloat16) else x.float().contiguous()
-    if b.module is None:
-        return portable.rms_norm(x, eps)
-    return b.module.rms_norm(b.name, x, eps)
+    """x [T, D] -> x / sqrt(mean(x^2) + eps), [T, D] float32, row by row."""
+    return _run("rms_norm", _float_input(x), eps)
 
 
 def softmax(logits: torch.Tensor, log: bool = False) -> torch.Tensor:
     """Softmax (or log-softmax) over the last dimension of [V] or [S, V] float32 logits, row by row."""
-    b = backend()
     rows = logits.float().reshape(-1, logits.shape[-1]).contiguous()
-    out = portable.softmax(rows, log) if b.module is None else b.module.softmax(b.name, rows, log)
-    return out.view(logits.shape)
+    return _run("softmax", rows, log).view(logits.shape)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """[T, 2I] rows of [gate | up] -> silu(gate) * up, [T, I] float32, row by row."""
-    b = backend()
-    x = (
-        gate_up.contiguous()
-        if gate_up.dtype in (torch.float32, torch.bfloat16)
-        else gate_up.float().contiguous()
-    )
-    if b.module is None:
-        return portable.silu_mul(x)
-    return b.module.silu_mul(b.name, x)
+    return _run("silu_mul", _float_input(gate_up))
 
 
 def attention(
@@ -140,11 +135,11 @@ def attention(
 ) -> torch.Tensor:
     """Causal attention of each query row over its request's keys, read in place from the paged cache.
 
-    q: [rows, H, d]; k_cache, v_cache: [blocks, Hkv, block, d] (q's dtype); tables: [R, nb] long
-    block tables; owners: [rows] long (row of ``tables``); positions: [rows] long (a row sees keys at
-    positions 0..its own, or the last ``window``). Returns [rows, H, d] float32.
+    q: [rows, H, d]; k_cache, v_cache: [blocks, Hkv, block, d] (q's dtype; the C++ kernel reads float32
+    and bfloat16, a float16 cache takes the portable path);
+    tables: [R, nb] long block tables; owners: [rows] long (row of ``tables``); positions: [rows] long
+    (a row sees keys at positions 0..its own, or the last ``window``). Returns [rows, H, d] float32.
     """
-    b = backend()
     args = (
         q.contiguous(),
         k_cache,
@@ -153,6 +148,6 @@ def attention(
         owners.contiguous(),
         positions.contiguous(),
     )
-    if b.module is None or q.dtype not in (torch.float32, torch.bfloat16):
+    if q.dtype == torch.float16:
         return portable.attention(*args, scale, window, softcap)
-    return b.module.attention(b.name, *args, scale, window, softcap)
+    return _run("attention", *args, scale, window, softcap)

@@ -138,6 +138,16 @@ def test_bfloat16_attention_close_to_float32():
     assert (full - half).abs().max() < 0.05
 
 
+def test_float16_engine_runs_on_the_cpu():
+    from engine import LLM, SamplingParams
+
+    llm = LLM("tiny", dtype="float16", num_kv_blocks=16)
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    together = llm.generate([[5, 6, 7], [9, 10, 11, 12]], params)
+    assert [len(o.token_ids) for o in together] == [4, 4]
+    assert llm.generate([[9, 10, 11, 12]], params)[0].token_ids == together[1].token_ids
+
+
 def _run(code: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env}, timeout=600
