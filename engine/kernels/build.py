@@ -17,7 +17,11 @@ from types import ModuleType
 
 SOURCES = ("bindings.cpp", "isa_generic.cpp", "isa_avx2.cpp")
 HEADERS = ("vec.h", "kernels.h", "table.h")
-CFLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-std=c++17"]
+# -fopenmp: at::parallel_for is an OpenMP region compiled into this module (without it, it runs on
+# one thread); libgomp resolves to the one torch already loaded (same soname), so
+# torch.set_num_threads governs our kernels too.
+CFLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-std=c++17", "-fopenmp"]
+LDFLAGS = ["-fopenmp"]
 MODULE_NAME = "nxctl_kernels"
 SOURCE_DIR = Path(__file__).parent / "csrc"
 
@@ -48,6 +52,7 @@ def load(verbose: bool = False) -> ModuleType:
         name=MODULE_NAME,
         sources=[str(SOURCE_DIR / s) for s in SOURCES],
         extra_cflags=CFLAGS,
+        extra_ldflags=LDFLAGS,
         extra_include_paths=[str(SOURCE_DIR)],
         build_directory=str(directory),
         verbose=verbose,

@@ -44,8 +44,8 @@ torch::Tensor linear(const std::string& isa, const torch::Tensor& x, const torch
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   if (m == 0) return y;
-  // a grain of panels that keeps both threads busy at one row yet not tiny at many
-  const int64_t grain = std::max<int64_t>(1, 2048 / std::max<int64_t>(1, m));
+  // at least 16 panels a thread at one row (a 576-wide layer still splits in two), fewer at many rows
+  const int64_t grain = std::max<int64_t>(1, 16 / std::max<int64_t>(1, m));
   if (packed.scalar_type() == torch::kFloat32) {
     const float* w = packed.data_ptr<float>();
     at::parallel_for(0, panels, grain, [&](int64_t b, int64_t e) { t.linear_f32(xp, m, k, w, n, yp, b, e); });

@@ -45,6 +45,13 @@ struct Avx2Vec {
   static V zero_below(V a, V x, float bound) {
     return _mm256_blendv_ps(a, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(bound), _CMP_LT_OQ));
   }
+  static float hmax(V a) {  // exact whatever the order
+    alignas(32) float l[kLanes];
+    _mm256_store_ps(l, a);
+    float m = l[0];
+    for (int i = 1; i < kLanes; ++i) m = l[i] > m ? l[i] : m;
+    return m;
+  }
   static float hsum(V a) {  // ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))
     const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));

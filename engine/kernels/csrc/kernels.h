@@ -152,11 +152,14 @@ template <class O>
 void exp_row(const float* x, int64_t V_, float* buf, float* max_out, float* sum_out) {
   using V = typename O::V;
   const float ninf = -std::numeric_limits<float>::infinity();
-  float m = ninf;
-  for (int64_t i = 0; i < V_; ++i) m = x[i] > m ? x[i] : m;
+  V mx = O::set1(ninf);
+  int64_t i = 0;
+  for (; i + kLanes <= V_; i += kLanes) mx = O::max(mx, O::load(x + i));
+  float m = O::hmax(mx);  // the max is exact in any order
+  for (; i < V_; ++i) m = x[i] > m ? x[i] : m;
   V sum = O::zero();
   const V mv = O::set1(m);
-  int64_t i = 0;
+  i = 0;
   for (; i + kLanes <= V_; i += kLanes) {
     const V e = vexp<O>(O::sub(O::load(x + i), mv));
     O::store(buf + i, e);
@@ -177,16 +180,22 @@ void exp_row(const float* x, int64_t V_, float* buf, float* max_out, float* sum_
 // logits [S, V] float32 -> out [S, V]: softmax (log_space false) or log-softmax, rows [begin, end)
 template <class O>
 void softmax_rows(const float* x, int64_t V_, bool log_space, float* out, int64_t begin, int64_t end) {
+  using V = typename O::V;
   for (int64_t s = begin; s < end; ++s) {
     const float* row = x + s * V_;
     float* o = out + s * V_;
     float m, sum;
     exp_row<O>(row, V_, o, &m, &sum);
+    // elementwise from here: each value's bits are the same in a vector lane or in the scalar tail
+    const int64_t full = V_ / kLanes * kLanes;
     if (log_space) {
       const float log_sum = std::log(sum);
-      for (int64_t i = 0; i < V_; ++i) o[i] = (row[i] - m) - log_sum;
+      for (int64_t i = 0; i < full; i += kLanes)
+        O::store(o + i, O::sub(O::sub(O::load(row + i), O::set1(m)), O::set1(log_sum)));
+      for (int64_t i = full; i < V_; ++i) o[i] = (row[i] - m) - log_sum;
     } else {
-      for (int64_t i = 0; i < V_; ++i) o[i] = o[i] / sum;
+      for (int64_t i = 0; i < full; i += kLanes) O::store(o + i, O::div(O::load(o + i), O::set1(sum)));
+      for (int64_t i = full; i < V_; ++i) o[i] = o[i] / sum;
     }
   }
 }
@@ -195,20 +204,23 @@ void softmax_rows(const float* x, int64_t V_, bool log_space, float* out, int64_
 template <class O, class T>
 void silu_mul_rows(const T* gate_up, int64_t I, float* out, int64_t begin, int64_t end) {
   using V = typename O::V;
-  const V one = O::set1(1.0f);
-  float g[kLanes], u[kLanes], o[kLanes];
+  const auto silu_mul = [](V g, V u) {
+    return O::mul(O::div(g, O::add(O::set1(1.0f), vexp<O>(O::sub(O::zero(), g)))), u);
+  };
   for (int64_t t = begin; t < end; ++t) {
-    const T* row = gate_up + t * 2 * I;
-    for (int64_t i = 0; i < I; i += kLanes) {
-      const int64_t n = std::min<int64_t>(kLanes, I - i);
-      for (int64_t j = 0; j < kLanes; ++j) {
-        g[j] = j < n ? to_float(row[i + j]) : 0.0f;
-        u[j] = j < n ? to_float(row[I + i + j]) : 0.0f;
+    const T* gate = gate_up + t * 2 * I;
+    const T* up = gate + I;
+    float* o = out + t * I;
+    int64_t i = 0;
+    for (; i + kLanes <= I; i += kLanes) O::store(o + i, silu_mul(O::load(gate + i), O::load(up + i)));
+    if (i < I) {  // the tail through zero-padded lanes: each lane computes as in a full vector
+      float g[kLanes] = {0}, u[kLanes] = {0}, r[kLanes];
+      for (int64_t j = i; j < I; ++j) {
+        g[j - i] = to_float(gate[j]);
+        u[j - i] = to_float(up[j]);
       }
-      const V gv = O::load(g);
-      const V e = vexp<O>(O::sub(O::zero(), gv));
-      O::store(o, O::mul(O::div(gv, O::add(one, e)), O::load(u)));
-      std::copy(o, o + n, out + t * I + i);
+      O::store(r, silu_mul(O::load(g), O::load(u)));
+      std::copy(r, r + (I - i), o + i);
     }
   }
 }
@@ -238,6 +250,7 @@ void attention_items(const AttentionArgs<T>& a, int64_t begin, int64_t end) {
   const int64_t group = a.heads / a.kv_heads, d = a.d, nv = d / kLanes;
   const float ninf = -std::numeric_limits<float>::infinity();
   std::vector<float> qf(group * d), scores;
+  std::vector<int64_t> key_at;  // offset of each key's row in the cache (the same for K and V)
   V acc[kMaxHeadDim / kLanes];
   for (int64_t item = begin; item < end; ++item) {
     const int64_t row = item / a.kv_heads, g = item % a.kv_heads;
@@ -248,15 +261,17 @@ void attention_items(const AttentionArgs<T>& a, int64_t begin, int64_t end) {
     const T* qrow = a.q + (row * a.heads + g * group) * d;
     for (int64_t i = 0; i < group * d; ++i) qf[i] = to_float(qrow[i]);
     scores.assign(group * Lp, ninf);
+    key_at.resize(L);
+    for (int64_t j = 0, b = first / a.block, off = first % a.block; j < L; ++j) {  // no division per key
+      key_at[j] = ((table[b] * a.kv_heads + g) * a.block + off) * d;
+      if (++off == a.block) off = 0, ++b;
+    }
     // scores: keys four at a time, so four independent fma chains are in flight; each key's own
     // chain over head_dim is the same whichever keys share its group of four
     for (int64_t j0 = 0; j0 < L; j0 += 4) {
       const int64_t nk = std::min<int64_t>(4, L - j0);
       const T* kp[4];
-      for (int64_t u = 0; u < 4; ++u) {
-        const int64_t key = first + j0 + std::min(u, nk - 1);
-        kp[u] = a.k_cache + ((table[key / a.block] * a.kv_heads + g) * a.block + key % a.block) * d;
-      }
+      for (int64_t u = 0; u < 4; ++u) kp[u] = a.k_cache + key_at[j0 + std::min(u, nk - 1)];
       for (int64_t h = 0; h < group; ++h) {
         const float* qh = qf.data() + h * d;
         V dot[4] = {O::zero(), O::zero(), O::zero(), O::zero()};
@@ -284,8 +299,7 @@ void attention_items(const AttentionArgs<T>& a, int64_t begin, int64_t end) {
       const V total = O::set1(O::hsum(sum));
       for (int64_t t = 0; t < nv; ++t) acc[t] = O::zero();
       for (int64_t j = 0; j < L; ++j) {
-        const int64_t key = first + j;
-        const T* vp = a.v_cache + ((table[key / a.block] * a.kv_heads + g) * a.block + key % a.block) * d;
+        const T* vp = a.v_cache + key_at[j];
         const V p = O::set1(s[j]);
         for (int64_t t = 0; t < nv; ++t) acc[t] = O::fma(p, O::load(vp + t * kLanes), acc[t]);
       }
