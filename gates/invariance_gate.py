@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from engine import kernels, testing
+from engine.config import EngineConfig
 from engine.llm_engine import LLM
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
@@ -36,6 +37,7 @@ from gates.sched_gate import Workload, run_schedule, run_solo, same
 
 SEED_ENV = "NXCTL_GATE_SEED"
 THREADS_ENV = "NXCTL_THREADS"
+BLOCK_SIZE = EngineConfig().block_size  # the engines here use the default KV block
 MAX_SHARED_PREFIX = 64  # tokens of the prefix some drawn prompts share
 SMOLLM2_SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # qkv, o, gate_up, down (out, in)
 
@@ -93,8 +95,9 @@ def draw_workload(rng: random.Random, vocab: int, case: EngineCase) -> Workload:
 def draw_settings(rng: random.Random, work: Workload) -> dict:
     """Engine settings for the batched run: a pool between just enough for the largest request and
     half as much again (tight pools force preemption by recompute), a drawn prefill chunk and budget."""
-    block = 16
-    need = max(-(-(len(p) + s.max_tokens) // block) for p, s in zip(work.prompts, work.params, strict=True))
+    need = max(
+        -(-(len(p) + s.max_tokens) // BLOCK_SIZE) for p, s in zip(work.prompts, work.params, strict=True)
+    )
     chunk = rng.choice([16, 32, 64, 128])
     return {
         "num_kv_blocks": need + rng.randint(0, need // 2 + 1),
@@ -122,7 +125,7 @@ def _engine_case(run: GateRun, check_id: str, case: EngineCase, seed: int) -> LL
     rng = random.Random(f"{seed}:{check_id}")
     threads = _thread_setting()
     # one request at a time: a pool for the largest drawn request (shared prefix + prompt + output)
-    solo_blocks = -(-(MAX_SHARED_PREFIX + case.max_prompt + case.max_tokens) // 16)
+    solo_blocks = -(-(MAX_SHARED_PREFIX + case.max_prompt + case.max_tokens) // BLOCK_SIZE)
     solo_llm = LLM(
         case.model, dtype=case.dtype, threads=threads, num_kv_blocks=solo_blocks, prefill_chunk=512
     )
