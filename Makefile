@@ -32,6 +32,8 @@ test: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy engine nxctl gates
+	$(BIN)/lint-imports
 
 gate: setup
 	$(BIN)/nxctl gate $(ARGS)

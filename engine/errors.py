@@ -25,3 +25,11 @@ class InvalidRequestError(NxError, ValueError):
 
 class CapacityError(NxError):
     """A request that could never fit the KV pool, or a model that could never fit the memory budget."""
+
+
+class WaitTimeoutError(CapacityError):
+    """Gave up waiting for memory or a seat before a deadline."""
+
+
+class ShuttingDownError(NxError):
+    """The seat or engine loop is stopping and takes no new work."""

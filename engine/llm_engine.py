@@ -7,11 +7,14 @@ import random
 import time
 import uuid
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from types import MappingProxyType
+from typing import Any, cast
 
 import torch
 
 from engine.config import EngineConfig, ModelConfig, resolve_device
+from engine.drive import Arrival, drive
 from engine.errors import CapacityError, InvalidRequestError
 from engine.kv.block_pool import BlockPool
 from engine.kv.cache import KVCache
@@ -19,23 +22,24 @@ from engine.layers.sampler import sample
 from engine.loader import ChatTokenizer, IncrementalDetokenizer, LoadedModel, load_model
 from engine.model_runner import ModelRunner
 from engine.models.llama import Faults, PagedLlama
-from engine.outputs import RequestOutput
+from engine.outputs import FinishReason, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import Sequence, Status
+from engine.snapshot import EngineCounters, EngineSnapshot, RequestView
 
 
 @dataclass
-class EngineStats:
-    """Counters over the engine's life, for gates, metrics and the bench (read-only to callers)."""
+class _Counters:
+    """The engine's running counters (mutable, private); callers read ``Engine.counters``."""
 
     steps: int = 0
     tokens_computed: int = 0
     tokens_generated: int = 0
     max_requests_in_step: int = 0
-    mixed_steps: int = 0  # steps that ran decodes and prefill chunks together
-    joins_mid_flight: int = 0  # requests admitted while others were already running
-    chunked_prompts: int = 0  # requests whose prompt took more than one step
+    mixed_steps: int = 0
+    joins_mid_flight: int = 0
+    chunked_prompts: int = 0
 
 
 class Engine:
@@ -54,25 +58,25 @@ class Engine:
         if config.threads:
             torch.set_num_threads(config.threads)
         self.device = resolve_device(config.device)
-        self.faults = Faults()
-        self.model = PagedLlama(
+        self._faults = Faults()
+        self._model = PagedLlama(
             loaded.config,
             loaded.weights,
             config.torch_dtype,
             self.device,
             config.batch_invariant,
-            self.faults,
+            self._faults,
         )
-        self.kv = KVCache(
+        self._kv = KVCache(
             loaded.config, config.num_kv_blocks, config.block_size, config.torch_dtype, self.device
         )
-        self.pool = BlockPool(config.num_kv_blocks, config.block_size)
+        self._pool = BlockPool(config.num_kv_blocks, config.block_size)
         model_key = f"{loaded.source.path}:{config.dtype}:{config.batch_invariant}"
-        self.scheduler = Scheduler(config, self.pool, model_key)
-        self.runner = ModelRunner(self.model, self.kv)
-        self.requests: dict[str, Sequence] = {}
+        self._scheduler = Scheduler(config, self._pool, model_key)
+        self._runner = ModelRunner(self._model, self._kv)
+        self._requests: dict[str, Sequence] = {}
         self._arrivals = itertools.count()
-        self.stats = EngineStats()
+        self._stats = _Counters()
         self.stop_token_ids = frozenset(loaded.tokenizer.stop_token_ids)
 
     @property
@@ -105,7 +109,7 @@ class Engine:
                 f"the request needs up to {total} tokens of KV cache; the whole pool holds {self.capacity_tokens}"
             )
         request_id = request_id or uuid.uuid4().hex
-        if request_id in self.requests:
+        if request_id in self._requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         seed = params.seed if params.seed is not None else random.SystemRandom().randrange(2**63)
         generator = torch.Generator(device="cpu").manual_seed(seed)
@@ -121,35 +125,80 @@ class Engine:
             priority=priority,
             tenant=tenant or "default",
         )
-        self.requests[request_id] = seq
-        self.scheduler.add(seq)
+        self._requests[request_id] = seq
+        self._scheduler.add(seq)
         return request_id
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stop a request and free everything it held (mutates); returns its final output, if it existed."""
-        seq = self.requests.get(request_id)
+        seq = self._requests.get(request_id)
         if seq is None or seq.finished:
             return None
         self._finish(seq, "abort")
         return self._output(seq)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self._scheduler.has_unfinished()
+
+    @property
+    def counters(self) -> EngineCounters:
+        """A copy of the engine's life counters (steps, tokens, preemptions, ...)."""
+        return EngineCounters(**asdict(self._stats), preemptions=self._scheduler.num_preemptions)
+
+    def snapshot(self) -> EngineSnapshot:
+        """A read-only copy of the engine's state between two steps (queues, KV blocks, counters)."""
+        sched, pool = self._scheduler, self._pool
+        return EngineSnapshot(
+            waiting=tuple(s.request_id for s in sched.waiting),
+            running=tuple(s.request_id for s in sched.running),
+            requests=MappingProxyType({rid: _view(seq) for rid, seq in self._requests.items()}),
+            block_size=pool.block_size,
+            kv_blocks_total=pool.num_blocks,
+            kv_blocks_used=pool.num_used,
+            prefix_queries=pool.queries,
+            prefix_hits=pool.hits,
+            tenant_service=MappingProxyType(dict(sched.counters.served)),
+            counters=self.counters,
+            weight_bytes=self._model.weight_bytes,
+            kv_bytes=self._kv.bytes,
+        )
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix block (mutates; blocks in use stay with their requests)."""
+        self._pool.reset_prefix_cache()
+
+    def embed(self, token_lists: Seq[Seq[int]]) -> list[list[float]]:
+        """One unit-length vector (hidden_size floats) per token list: the mean of the model's INPUT
+        token embeddings over its tokens, L2-normalised. Reads weights only, so it may run on a thread
+        beside the one stepping the engine. Raises InvalidRequestError for an empty list or a bad id."""
+        vocab = self.model_config.vocab_size
+        for ids in token_lists:
+            if not ids or any(t < 0 or t >= vocab for t in ids):
+                raise InvalidRequestError(f"every input needs at least one token id in [0, {vocab})")
+        table = self._model.weight("model.embed_tokens.weight")  # [vocab, hidden]
+        vectors = []
+        with torch.no_grad():
+            for ids in token_lists:
+                rows = table[
+                    torch.tensor(list(ids), dtype=torch.long, device=table.device)
+                ].float()  # [n, hidden]
+                vectors.append(torch.nn.functional.normalize(rows.mean(dim=0), dim=0).cpu().tolist())
+        return vectors
 
     def step(self) -> list[RequestOutput]:
         """Run one batched forward over the scheduled requests; return outputs of those that advanced."""
-        out = self.scheduler.schedule()
+        out = self._scheduler.schedule()
         if not out.scheduled:
             return []
         self._count(out)
-        logits, rows = self.runner.run(out)
+        logits, rows = self._runner.run(out)
         now = time.perf_counter()
         results: list[RequestOutput] = []
         for item, row in zip(out.scheduled, rows, strict=True):
             seq = item.seq
             seq.num_computed_tokens += item.num_new_tokens
-            self.scheduler.register_computed(seq)
-            self.scheduler.charge(seq, item.num_new_tokens, row is not None)
+            self._scheduler.register_computed(seq)
+            self._scheduler.charge(seq, item.num_new_tokens, row is not None)
             if row is None:
                 continue
             try:
@@ -161,7 +210,7 @@ class Engine:
         return results
 
     def _count(self, out: SchedulerOutput) -> None:
-        st = self.stats
+        st = self._stats
         st.steps += 1
         st.tokens_computed += out.num_tokens
         st.max_requests_in_step = max(st.max_requests_in_step, len(out.scheduled))
@@ -175,11 +224,11 @@ class Engine:
                 st.chunked_prompts += item.num_new_tokens < seq.num_uncomputed
 
     def _append_token(self, seq: Sequence, logits: torch.Tensor, now: float) -> None:
-        if seq.request_id in self.faults.fail_requests:
+        if seq.request_id in self._faults.fail_requests:
             raise RuntimeError("injected failure")
         choice = sample(logits, seq.params, seq.generator, seq.prompt_token_ids, seq.output_token_ids)
         seq.output_token_ids.append(choice.token_id)
-        self.stats.tokens_generated += 1
+        self._stats.tokens_generated += 1
         seq.logprobs.append(choice.logprob)
         if seq.params.logprobs:
             seq.top_logprobs.append(choice.top)
@@ -195,7 +244,7 @@ class Engine:
                 seq.text += seq.detokenizer.flush() if not is_stop_token else ""
             self._finish(seq, reason)
 
-    def _stop_reason(self, seq: Sequence, is_stop_token: bool) -> str | None:
+    def _stop_reason(self, seq: Sequence, is_stop_token: bool) -> FinishReason | None:
         if is_stop_token:
             return "stop"
         for stop in seq.params.stop:
@@ -207,11 +256,11 @@ class Engine:
             return "length"
         return None
 
-    def _finish(self, seq: Sequence, reason: str) -> None:
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         seq.finish_reason = reason
         seq.status = Status.FINISHED
         seq.finish_time = time.perf_counter()
-        self.scheduler.remove(seq)
+        self._scheduler.remove(seq)
 
     def _output(self, seq: Sequence) -> RequestOutput:
         return RequestOutput(
@@ -232,9 +281,9 @@ class Engine:
 
     def release_finished(self, request_id: str) -> None:
         """Forget a finished request's bookkeeping (mutates)."""
-        seq = self.requests.get(request_id)
+        seq = self._requests.get(request_id)
         if seq is not None and seq.finished:
-            del self.requests[request_id]
+            del self._requests[request_id]
 
 
 class LLM:
@@ -246,7 +295,7 @@ class LLM:
         dtype: str = "float32",
         device: str = "auto",
         batch_invariant: bool = True,
-        **engine_config: object,
+        **engine_config: Any,  # further EngineConfig fields; EngineConfig checks their values
     ):
         self.config = EngineConfig(
             dtype=dtype, device=device, batch_invariant=batch_invariant, **engine_config
@@ -258,27 +307,47 @@ class LLM:
         self.engine = Engine(loaded, self.config)
 
     def generate(
-        self, prompts: str | list[str] | list[list[int]], params: SamplingParams | None = None
+        self,
+        prompts: str | list[str] | list[int] | list[list[int]],
+        params: SamplingParams | Seq[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        """Run every prompt (text or token ids) to completion, batched; outputs in prompt order."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
-        request_ids = [self.engine.add_request(p, params) for p in ids]
-        return self._run(request_ids)
+        """Run every prompt (text or token ids) to completion, batched; outputs in prompt order.
+        ``params`` is one SamplingParams for all prompts or a list, one per prompt (as in vLLM)."""
+        batch: Seq[str | list[int]]
+        if isinstance(prompts, str):
+            batch = [prompts]
+        elif prompts and isinstance(prompts[0], int):
+            batch = [cast("list[int]", prompts)]  # the declared lists are homogeneous: one prompt of ids
+        else:
+            batch = cast("list[str] | list[list[int]]", prompts)  # likewise: no item is an int
+        ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in batch]
+        if params is None or isinstance(params, SamplingParams):
+            per_prompt = [params or SamplingParams()] * len(ids)
+        else:
+            per_prompt = list(params)
+            if len(per_prompt) != len(ids):
+                raise InvalidRequestError(
+                    f"{len(per_prompt)} sampling params for {len(ids)} prompts: give one, or one per prompt"
+                )
+        return drive(self.engine, [Arrival(p, sp) for p, sp in zip(ids, per_prompt, strict=True)]).outputs()
 
     def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None) -> RequestOutput:
         """One assistant turn for ``messages`` rendered with the model's chat template."""
         ids = self.tokenizer.encode_chat(messages, add_generation_prompt=True)
-        return self._run([self.engine.add_request(ids, params)])[0]
+        return drive(self.engine, [Arrival(ids, params or SamplingParams())]).outputs()[0]
 
-    def _run(self, request_ids: list[str]) -> list[RequestOutput]:
-        final: dict[str, RequestOutput] = {}
-        wanted = set(request_ids)
-        while wanted - final.keys():
-            for out in self.engine.step():
-                if out.finished and out.request_id in wanted:
-                    final[out.request_id] = out
-        for rid in request_ids:
-            self.engine.release_finished(rid)
-        return [final[r] for r in request_ids]
+
+def _view(seq: Sequence) -> RequestView:
+    return RequestView(
+        request_id=seq.request_id,
+        state=seq.status,
+        priority=seq.priority,
+        tenant=seq.tenant,
+        num_prompt_tokens=len(seq.prompt_token_ids),
+        num_output_tokens=len(seq.output_token_ids),
+        num_computed_tokens=seq.num_computed_tokens,
+        num_cached_tokens=seq.num_cached_tokens,
+        num_blocks=len(seq.block_table),
+        num_preemptions=seq.num_preemptions,
+        finish_reason=seq.finish_reason,
+    )

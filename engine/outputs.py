@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+FINISH_REASONS: tuple[FinishReason, ...] = get_args(FinishReason)
 
 
 @dataclass
@@ -19,7 +23,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     token_ids: list[int]
     text: str
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     error: str | None = None
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)

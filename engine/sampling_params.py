@@ -6,10 +6,12 @@ from dataclasses import dataclass
 
 from engine.errors import InvalidRequestError
 
+GREEDY_BELOW = 1e-5
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 = greedy. ``seed`` fixes the request's own random stream (never its neighbours').
+    """temperature 0 (or under GREEDY_BELOW) = greedy. ``seed`` fixes the request's own random stream (never its neighbours').
 
     Penalties follow OpenAI (presence, frequency: additive on generated tokens) and the CTRL/Ollama
     repetition penalty (multiplicative on prompt and generated tokens); 1.0 / 0.0 disable them.
@@ -57,7 +59,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """Temperatures under GREEDY_BELOW pick the argmax (as vLLM does): dividing logits by them
+        overflows float32, and such a distribution is the argmax anyway."""
+        return self.temperature < GREEDY_BELOW
 
     @property
     def has_penalties(self) -> bool:

@@ -73,7 +73,7 @@ class Scheduler:
         self.counters = TenantCounters()
         self._admissions = 0
         self.num_preemptions = 0
-        self.on_preempt: Callable[[Sequence], None] | None = None
+        self._preempted: list[Sequence] = []  # this step's victims, for SchedulerOutput
 
     # ---- queue management -------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -115,17 +115,25 @@ class Scheduler:
         seq.status = Status.WAITING
         self.waiting.append(seq)
         self.num_preemptions += 1
-        if self.on_preempt is not None:
-            self.on_preempt(seq)
+        self._preempted.append(seq)
+
+    def _evict_until(self, fits: Callable[[], bool], evictable: Callable[[Sequence], bool]) -> bool:
+        """Preempt evictable running requests, the least urgent and most recently admitted first, until
+        ``fits()`` holds (mutates); False when it does not hold and nothing evictable is left."""
+        while not fits():
+            victims = [s for s in self.running if evictable(s)]
+            if not victims:
+                return False
+            self._preempt(max(victims, key=self._victim_key))
+        return True
 
     def _grow(self, seq: Sequence, num_new: int, protected: set[int]) -> bool:
         """Give ``seq`` the blocks for ``num_new`` more tokens, preempting others if needed (mutates)."""
         need = seq.blocks_needed(seq.num_computed_tokens + num_new, self.pool.block_size)
-        while not self.pool.can_allocate(need):
-            victims = [s for s in self.running if s is not seq and id(s) not in protected]
-            if not victims:
-                return False
-            self._preempt(max(victims, key=self._victim_key))
+        if not self._evict_until(
+            lambda: self.pool.can_allocate(need), lambda s: s is not seq and id(s) not in protected
+        ):
+            return False
         seq.block_table.extend(self.pool.allocate(need))
         return True
 
@@ -172,8 +180,7 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         protected: set[int] = set()
-        preempted: list[Sequence] = []
-        self.on_preempt = preempted.append
+        self._preempted = []
         self._yield_to_urgent()
         decodes = [s for s in self.running if s.is_decoding]
         prefills = [s for s in self.running if not s.is_decoding]
@@ -190,8 +197,7 @@ class Scheduler:
             scheduled.append(ScheduledRequest(seq, num_new))
             budget -= num_new
         self._admit(scheduled, protected, budget)
-        self.on_preempt = None
-        return SchedulerOutput(scheduled, preempted)
+        return SchedulerOutput(scheduled, list(self._preempted))
 
     def _admit(self, scheduled: list[ScheduledRequest], protected: set[int], budget: int) -> None:
         while self.waiting and budget > 0:
@@ -222,28 +228,25 @@ class Scheduler:
             return
         best = min(self.waiting, key=self._order_key)
         need = -(-min(best.num_tokens, self.config.prefill_chunk) // self.pool.block_size)
-        while len(self.running) >= self.config.max_num_seqs or not self.pool.can_allocate(need):
-            victims = [s for s in self.running if s.priority > best.priority]
-            if not victims:
-                return
-            self._preempt(max(victims, key=self._victim_key))
+        self._evict_until(
+            lambda: len(self.running) < self.config.max_num_seqs and self.pool.can_allocate(need),
+            lambda s: s.priority > best.priority,
+        )
 
     def _make_seat(self, seq: Sequence, protected: set[int]) -> bool:
         """Free a seat for a more urgent request by preempting a less urgent, unscheduled one."""
-        victims = [s for s in self.running if id(s) not in protected and s.priority > seq.priority]
-        if not victims:
-            return False
-        self._preempt(max(victims, key=self._victim_key))
-        return True
+        return self._evict_until(
+            lambda: len(self.running) < self.config.max_num_seqs, self._less_urgent(seq, protected)
+        )
 
     def _room_for(self, seq: Sequence, need: int, protected: set[int]) -> bool:
         """Whether ``need`` blocks can be had, preempting less urgent unscheduled requests if needed."""
-        while not self.pool.can_allocate(need):
-            victims = [s for s in self.running if id(s) not in protected and s.priority > seq.priority]
-            if not victims:
-                return False
-            self._preempt(max(victims, key=self._victim_key))
-        return True
+        return self._evict_until(lambda: self.pool.can_allocate(need), self._less_urgent(seq, protected))
+
+    @staticmethod
+    def _less_urgent(seq: Sequence, protected: set[int]) -> Callable[[Sequence], bool]:
+        """Running requests that ``seq`` may preempt: less urgent and not scheduled in this step."""
+        return lambda s: id(s) not in protected and s.priority > seq.priority
 
     def charge(self, seq: Sequence, num_new: int, sampled: bool) -> None:
         """Account a step's service to the request's tenant (VTC)."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.loader.tokenizer import IncrementalDetokenizer
+from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
 
 
@@ -46,7 +47,7 @@ class Sequence:
     status: Status = Status.WAITING
     admitted_seq: int = 0
     num_preemptions: int = 0
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     error: str | None = None
     text: str = ""
     first_token_time: float | None = None

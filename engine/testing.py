@@ -1,7 +1,9 @@
 """Documented fault-injection hooks for the gates' negative controls.
 
-Negative controls break things only through these functions, never by reaching into private state.
-Each hook names what it breaks; the context managers undo it on exit.
+Negative controls break things only through these functions. They are part of the engine and the only
+code outside llm_engine.py that touches an Engine's private parts (its model, KV cache, block pool and
+scheduler); gates and tests call them and never reach in themselves. Each hook names what it breaks;
+the context managers undo it on exit. Used by gates and tests only, never by the seat or the CLI.
 """
 
 from __future__ import annotations
@@ -14,19 +16,19 @@ from engine.llm_engine import Engine
 
 def perturb_weight(engine: Engine, name: str, delta: float = 0.05, index: int = 0) -> None:
     """Add ``delta`` to one element (flat ``index``) of weight ``name`` in place (permanent for this engine)."""
-    weight = engine.model.weight(name).clone()
+    weight = engine._model.weight(name).clone()
     weight.view(-1)[index] += delta
-    engine.model.set_weight(name, weight)
+    engine._model.set_weight(name, weight)
 
 
 @contextmanager
 def _fault_switched_on(engine: Engine, switch: str) -> Iterator[None]:
     """Set one boolean fault switch for the duration of the block."""
-    setattr(engine.faults, switch, True)
+    setattr(engine._faults, switch, True)
     try:
         yield
     finally:
-        setattr(engine.faults, switch, False)
+        setattr(engine._faults, switch, False)
 
 
 def batch_dependent_matmul(engine: Engine) -> AbstractContextManager[None]:
@@ -42,18 +44,18 @@ def batch_dependent_norm(engine: Engine) -> AbstractContextManager[None]:
 @contextmanager
 def fail_requests(engine: Engine, *request_ids: str) -> Iterator[None]:
     """While active, the named requests raise inside the step when they sample (others go on)."""
-    engine.faults.fail_requests.update(request_ids)
+    engine._faults.fail_requests.update(request_ids)
     try:
         yield
     finally:
-        engine.faults.fail_requests.difference_update(request_ids)
+        engine._faults.fail_requests.difference_update(request_ids)
 
 
 def swap_kv_block(engine: Engine, request_a: str, request_b: str, block_index: int = 0) -> None:
     """Exchange the contents of block ``block_index`` of two running requests' block tables."""
-    table_a = engine.requests[request_a].block_table
-    table_b = engine.requests[request_b].block_table
-    engine.kv.swap_blocks(table_a[block_index], table_b[block_index])
+    table_a = engine._requests[request_a].block_table
+    table_b = engine._requests[request_b].block_table
+    engine._kv.swap_blocks(table_a[block_index], table_b[block_index])
 
 
 @contextmanager
@@ -62,21 +64,21 @@ def last_block_prefix_key(engine: Engine) -> Iterator[None]:
     blocks at different places collide: a deliberately broken cache key."""
     from engine.kv.block_pool import chain_hash
 
-    saved = engine.pool.hash_fn
-    engine.pool.reset_prefix_cache()
-    engine.pool.hash_fn = lambda parent, tokens, model_key: chain_hash(None, tokens, model_key)
+    saved = engine._pool.hash_fn
+    engine._pool.reset_prefix_cache()
+    engine._pool.hash_fn = lambda parent, tokens, model_key: chain_hash(None, tokens, model_key)
     try:
         yield
     finally:
-        engine.pool.hash_fn = saved
-        engine.pool.reset_prefix_cache()
+        engine._pool.hash_fn = saved
+        engine._pool.reset_prefix_cache()
 
 
 @contextmanager
 def fcfs_scheduling(engine: Engine) -> Iterator[None]:
     """While active, waiting requests of one priority are admitted first-come first-served (no VTC)."""
-    engine.scheduler.fair = False
+    engine._scheduler.fair = False
     try:
         yield
     finally:
-        engine.scheduler.fair = True
+        engine._scheduler.fair = True

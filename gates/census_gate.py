@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gates.census import DEFAULT_ROWS, CensusReport, load_rows, make_context, run_census
+from gates.census_data import DEFAULT_ROWS, load_rows
+from gates.census_verdicts import CensusReport, RowResult, make_context, run_census
 from gates.framework import Gate, GateRun
 
 CHECKS = ("census.no_invalid", "census.neg.fabricated_row")
@@ -29,7 +30,19 @@ def record(run: GateRun, report: CensusReport) -> None:
     run.check("census.no_invalid", not invalid, "0 INVALID", f"{len(invalid)} INVALID", detail)
     fab = report.fabricated
     observed = f"{fab.category}: {fab.invalid_reason or 'accepted'}"
-    run.negative("census.neg.fabricated_row", fab.invalid, observed, f"row {fab.row.id!r}")
+    run.negative(
+        "census.neg.fabricated_row",
+        _any_invalid,
+        broken=[fab],
+        honest=list(report.results),
+        observed=observed,
+        detail=f"row {fab.row.id!r}; honest input: the real rows",
+    )
+
+
+def _any_invalid(results: list[RowResult]) -> bool:
+    """The census's liar detector: some row claims more than its evidence shows."""
+    return any(r.invalid for r in results)
 
 
 def census_gate(

@@ -11,6 +11,7 @@ import random
 import torch
 
 from engine import testing
+from engine.drive import Arrival, drive
 from engine.llm_engine import LLM
 from engine.models.reference import ReferenceLlama
 from engine.sampling_params import SamplingParams
@@ -49,7 +50,8 @@ def _body(run: GateRun) -> None:
     llm = LLM(MODEL, num_kv_blocks=256)
     ref = ReferenceLlama(llm.model_config, _weights(llm), torch.float32, torch.device("cpu"))
     prompts = _prompts(llm.model_config.vocab_size)
-    ok, worst, differing = _paged_vs_reference(llm, ref, prompts)
+    honest = _paged_vs_reference(llm, ref, prompts)
+    ok, worst, differing = honest
     run.check(
         "engine.paged_vs_reference",
         ok,
@@ -63,15 +65,16 @@ def _body(run: GateRun) -> None:
     run.check(
         "engine.greedy_repeat", first == second, "identical", "identical" if first == second else "differ"
     )
+    snap = llm.engine.snapshot()
     run.check(
         "engine.blocks_returned",
-        llm.engine.pool.num_free == llm.engine.pool.num_blocks,
-        llm.engine.pool.num_blocks,
-        llm.engine.pool.num_free,
+        snap.kv_blocks_free == snap.kv_blocks_total,
+        snap.kv_blocks_total,
+        snap.kv_blocks_free,
         "free blocks after every request finished",
     )
     _neg_swapped_block(run, llm, ref, prompts)
-    _neg_perturbed_weight(run, ref, prompts)
+    _neg_perturbed_weight(run, ref, prompts, honest)
 
 
 def _weights(llm: LLM) -> dict[str, torch.Tensor]:
@@ -80,13 +83,23 @@ def _weights(llm: LLM) -> dict[str, torch.Tensor]:
     return load_model(llm.source).weights
 
 
-def _neg_perturbed_weight(run: GateRun, ref: ReferenceLlama, prompts: list[list[int]]) -> None:
+def _disagrees(result: tuple[bool, float, int]) -> bool:
+    """The paged-vs-reference detector: tokens or logprobs not as the reference's."""
+    return not result[0]
+
+
+def _neg_perturbed_weight(
+    run: GateRun, ref: ReferenceLlama, prompts: list[list[int]], honest: tuple[bool, float, int]
+) -> None:
     broken = LLM(MODEL, num_kv_blocks=256)
     testing.perturb_weight(broken.engine, "model.layers.0.mlp.down_proj.weight", delta=0.5)
-    ok, worst, differing = _paged_vs_reference(broken, ref, prompts)
+    result = _paged_vs_reference(broken, ref, prompts)
+    _, worst, differing = result
     run.negative(
         "engine.neg.perturbed_weight",
-        caught=not ok,
+        _disagrees,
+        broken=result,
+        honest=honest,
         observed=f"{differing} prompts differ, worst gap {worst:.2e}",
         detail="one element of layer 0 down_proj shifted by 0.5",
     )
@@ -96,18 +109,27 @@ def _neg_swapped_block(run: GateRun, llm: LLM, ref: ReferenceLlama, prompts: lis
     engine = llm.engine
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
     a, b = prompts[-1], prompts[-2]
-    ids = [engine.add_request(a, params), engine.add_request(b, params)]
-    while any(engine.requests[i].num_computed_tokens < len(p) for i, p in zip(ids, (a, b), strict=True)):
-        engine.step()
-    testing.swap_kv_block(engine, ids[0], ids[1], block_index=0)
-    outs = {}
-    while engine.has_unfinished():
-        outs.update({o.request_id: o for o in engine.step() if o.finished})
+    started = drive(
+        engine,
+        [Arrival(a, params), Arrival(b, params)],
+        until=lambda: all(r.prefilled for r in engine.snapshot().requests.values()),
+    )
+    testing.swap_kv_block(engine, started.ids[0], started.ids[1], block_index=0)
+    finals = drive(engine).finals
     expected = [ref.greedy(p, NEW_TOKENS) for p in (a, b)]
-    observed = [outs[i].token_ids for i in ids]
+    observed = [finals[i].token_ids for i in started.ids]
+    # the honest input: the same two requests on an engine no fault has touched (the swapped blocks
+    # stay in this engine's prefix cache, so it cannot serve as its own honest run)
+    unswapped = [o.token_ids for o in LLM(MODEL, num_kv_blocks=256).generate([a, b], params)]
+
+    def differs(tokens: list[list[int]]) -> bool:
+        return tokens != expected
+
     run.negative(
         "engine.neg.swapped_kv_block",
-        caught=observed != expected,
+        differs,
+        broken=observed,
+        honest=unswapped,
         observed="outputs differ from the reference" if observed != expected else "outputs unchanged",
         detail="block 0 of two running requests exchanged after prefill",
     )

@@ -6,8 +6,11 @@ negative control is caught. Each run writes ``<status-dir>/<gate>.tsv`` with the
 ``check  kind  verdict  expected  observed  detail``; ``kind`` is ``check`` or ``neg``; a row's verdict
 is GREEN when its check holds (``check``) or its broken input was caught (``neg``).
 
-Negative controls' detection can be switched off (``blind``) so that tests can prove a gate turns RED
-when a control is no longer caught: a blinded control reports "not caught" whatever its detector saw.
+A negative control runs its detector twice: on the broken input it must report "caught", and on the
+honest input (what the gate's own check saw) "not caught". A detector that cannot tell the two apart
+(a constant, or one that fires on everything) turns its row RED in every gate run, not only in a test.
+Detection can also be switched off (``blind``) so that tests can prove a gate turns RED when a control
+is no longer caught: a blinded control reports "not caught" whatever its detector saw.
 """
 
 from __future__ import annotations
@@ -17,13 +20,15 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
-GREEN = "GREEN"
-RED = "RED"
+GateVerdict = Literal["GREEN", "RED"]
+GREEN: GateVerdict = "GREEN"
+RED: GateVerdict = "RED"
 TSV_HEADER = ("check", "kind", "verdict", "expected", "observed", "detail")
 
 RowKind = Literal["check", "neg"]
+Evidence = TypeVar("Evidence")
 
 
 @dataclass(frozen=True)
@@ -38,7 +43,7 @@ class Row:
     detail: str = ""
 
     @property
-    def verdict(self) -> str:
+    def verdict(self) -> GateVerdict:
         return GREEN if self.ok else RED
 
     def cells(self) -> tuple[str, ...]:
@@ -62,12 +67,24 @@ class GateRun:
         self.rows.append(Row(check_id, "check", bool(ok), str(expected), str(observed), detail))
         return bool(ok)
 
-    def negative(self, check_id: str, caught: bool, observed: object, detail: str = "") -> bool:
-        """Record a negative control: ``caught`` is what the detector saw on the broken input."""
+    def negative(
+        self,
+        check_id: str,
+        detect: Callable[[Evidence], bool],
+        broken: Evidence,
+        honest: Evidence,
+        observed: object,
+        detail: str = "",
+    ) -> bool:
+        """Record a negative control: GREEN when ``detect`` catches the ``broken`` evidence and stays quiet
+        on the ``honest`` evidence (from the same setting without the fault)."""
+        caught, false_alarm = bool(detect(broken)), bool(detect(honest))
         if check_id in self.blind:
             caught, detail = False, f"detection disabled (blind); {detail}".rstrip("; ")
-        self.rows.append(Row(check_id, "neg", bool(caught), "caught", str(observed), detail))
-        return bool(caught)
+        ok = caught and not false_alarm
+        seen = f"{observed}; honest input: {'FALSE ALARM' if false_alarm else 'not caught'}"
+        self.rows.append(Row(check_id, "neg", ok, "caught, honest input not", seen, detail))
+        return ok
 
     def sees(self, check_id: str) -> bool:
         """Whether the detector of negative control ``check_id`` is switched on."""
@@ -106,7 +123,7 @@ class GateResult:
         return bool(self.rows) and all(r.ok for r in self.rows)
 
     @property
-    def verdict(self) -> str:
+    def verdict(self) -> GateVerdict:
         return GREEN if self.green else RED
 
 

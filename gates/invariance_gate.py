@@ -19,10 +19,9 @@ normalisation (engine/testing.py).
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import os
 import random
-import struct
 from dataclasses import dataclass
 
 import torch
@@ -30,10 +29,9 @@ import torch
 from engine import kernels, testing
 from engine.config import EngineConfig
 from engine.llm_engine import LLM
-from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
+from engine.workload import LengthRange, WorkloadRequest, WorkloadSpec, make_workload
 from gates.framework import Gate, GateRun
-from gates.sched_gate import Workload, run_schedule, run_solo, same
+from gates.runs import any_differ, differing, digest, run_schedule, run_solos
 
 SEED_ENV = "NXCTL_GATE_SEED"
 THREADS_ENV = "NXCTL_THREADS"
@@ -67,37 +65,27 @@ ENGINE_CASES = {
 }
 
 
-def draw_workload(rng: random.Random, vocab: int, case: EngineCase) -> Workload:
-    """Prompts (some sharing a drawn prefix, so the prefix cache hits), sampling settings and arrivals."""
-    shared = [rng.randrange(3, vocab) for _ in range(rng.choice([16, 32, 48, MAX_SHARED_PREFIX]))]
-    prompts, params = [], []
-    for _ in range(case.requests):
-        length = rng.choice([1, rng.randint(1, 16), rng.randint(1, case.max_prompt)])
-        own = [rng.randrange(3, vocab) for _ in range(length)]
-        prompts.append(shared + own if rng.random() < 0.4 else own)
-        temperature = rng.choice([0.0, 0.0, 0.6, 1.0, 1.4])
-        params.append(
-            SamplingParams(
-                max_tokens=rng.randint(1, case.max_tokens),
-                temperature=temperature,
-                top_k=rng.choice([0, 0, 3, 50]),
-                top_p=rng.choice([1.0, 1.0, 0.9, 0.5]),
-                min_p=rng.choice([0.0, 0.0, 0.05]),
-                seed=rng.randrange(2**31),
-                ignore_eos=rng.random() < 0.7,
-                logprobs=rng.choice([0, 0, 3]),
-            )
-        )
-    arrivals = sorted(rng.randint(0, 30) for _ in range(case.requests))
-    return Workload(prompts, params, arrivals)
+def draw_workload(rng: random.Random, vocab: int, case: EngineCase) -> list[WorkloadRequest]:
+    """Prompts (some sharing a drawn prefix, so the prefix cache hits), mixed sampling settings and
+    arrivals over about 30 engine steps, from the one workload generator."""
+    spec = WorkloadSpec(
+        num_requests=case.requests,
+        input_len=LengthRange(1, rng.choice([16, case.max_prompt, case.max_prompt])),
+        output_len=LengthRange(1, case.max_tokens),
+        rate=case.requests / 30,
+        seed=rng.randrange(2**31),
+        shared_prefix=rng.choice([16, 32, 48, MAX_SHARED_PREFIX]),
+        prefix_fraction=0.4,
+        sampling="mixed",
+        token_floor=3,
+    )
+    return make_workload(spec, vocab, MAX_SHARED_PREFIX + case.max_prompt + case.max_tokens)
 
 
-def draw_settings(rng: random.Random, work: Workload) -> dict:
+def draw_settings(rng: random.Random, work: list[WorkloadRequest]) -> dict:
     """Engine settings for the batched run: a pool between just enough for the largest request and
     half as much again (tight pools force preemption by recompute), a drawn prefill chunk and budget."""
-    need = max(
-        -(-(len(p) + s.max_tokens) // BLOCK_SIZE) for p, s in zip(work.prompts, work.params, strict=True)
-    )
+    need = max(-(-(len(r.prompt_token_ids) + r.params.max_tokens) // BLOCK_SIZE) for r in work)
     chunk = rng.choice([16, 32, 64, 128])
     return {
         "num_kv_blocks": need + rng.randint(0, need // 2 + 1),
@@ -105,15 +93,6 @@ def draw_settings(rng: random.Random, work: Workload) -> dict:
         "prefill_chunk": chunk,
         "max_num_batched_tokens": chunk + rng.choice([0, 32, 96]),
     }
-
-
-def digest(outputs: list[RequestOutput]) -> str:
-    """sha256 over every output's token ids and the bits of its logprobs (12 hex digits)."""
-    h = hashlib.sha256()
-    for out in outputs:
-        h.update(struct.pack(f"{len(out.token_ids)}q", *out.token_ids))
-        h.update(struct.pack(f"{len(out.logprobs)}f", *out.logprobs))
-    return h.hexdigest()[:12]
 
 
 def _thread_setting() -> int | None:
@@ -131,20 +110,20 @@ def _engine_case(run: GateRun, check_id: str, case: EngineCase, seed: int) -> LL
     )
     work = draw_workload(rng, solo_llm.model_config.vocab_size, case)
     settings = draw_settings(rng, work)
-    solo = [run_solo(solo_llm.engine, p, s) for p, s in zip(work.prompts, work.params, strict=True)]
+    solo = run_solos(solo_llm.engine, work)
     del solo_llm
     llm = LLM(case.model, dtype=case.dtype, threads=threads, **settings)
     batched = run_schedule(llm.engine, work)
-    differing = [i for i, (a, b) in enumerate(zip(solo, batched, strict=True)) if not same(a, b)]
-    engine = llm.engine
+    wrong = differing(solo, batched)
+    snap = llm.engine.snapshot()
     run.check(
         check_id,
-        not differing,
+        not wrong,
         "every request == its solo run (token ids, logprob bits, text)",
-        f"{len(differing)}/{len(work.prompts)} differ" + (f": {differing[:5]}" if differing else ""),
+        f"{len(wrong)}/{len(work)} differ" + (f": {wrong[:5]}" if wrong else ""),
         f"seed {seed}; {case.model} {case.dtype}; {settings}; "
-        f"{engine.scheduler.num_preemptions} preemptions, {engine.pool.hits} prefix-cache block hits, "
-        f"up to {engine.stats.max_requests_in_step} requests a step; digest {digest(batched)}; "
+        f"{snap.counters.preemptions} preemptions, {snap.prefix_hits} prefix-cache block hits, "
+        f"up to {snap.counters.max_requests_in_step} requests a step; digest {digest(batched)}; "
         f"kernels {kernels.backend().name}, {torch.get_num_threads()} threads",
     )
     return llm
@@ -211,19 +190,22 @@ def _negatives(run: GateRun, llm: LLM, seed: int) -> None:
     rng = random.Random(f"{seed}:negatives")
     case = ENGINE_CASES["invariance.tiny_f32"]
     work = draw_workload(rng, llm.model_config.vocab_size, case)
-    work = Workload(work.prompts[:8], work.params[:8], [0] * 8)
+    work = [dataclasses.replace(r, arrival_s=0.0) for r in work[:8]]
     engine = llm.engine
+    honest = (run_solos(engine, work), run_schedule(engine, work))
     for check_id, fault in (
         ("invariance.neg.batch_dependent_matmul", testing.batch_dependent_matmul),
         ("invariance.neg.batch_dependent_norm", testing.batch_dependent_norm),
     ):
         with fault(engine):
             batched = run_schedule(engine, work)
-            solo = [run_solo(engine, p, s) for p, s in zip(work.prompts, work.params, strict=True)]
-        differ = sum(not same(a, b) for a, b in zip(solo, batched, strict=True))
+            solo = run_solos(engine, work)
+        differ = len(differing(solo, batched))
         run.negative(
             check_id,
-            caught=differ > 0,
+            any_differ,
+            broken=(solo, batched),
+            honest=honest,
             observed=f"{differ}/8 requests differ from their solo runs",
             detail=f"seed {seed}; 8 drawn requests admitted together, under the fault",
         )

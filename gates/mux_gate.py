@@ -118,31 +118,45 @@ def body(run: GateRun) -> None:
     sizes = {m: round(mb(b)) for m, b in registry.sizes().items()}
     run.check("mux.registry_sizes", sizes == EXPECTED_SIZES_MB, EXPECTED_SIZES_MB, sizes, DEMO_FILE)
 
-    results = []
+    honest = {}
     for check_id, check in (
         ("mux.hit", check_hit),
         ("mux.evict_cycle", check_evict_cycle),
         ("mux.refuse_oversized", check_refusal),
         ("mux.lru", check_lru),
     ):
-        ok, expected, observed, result = check(registry, LRU)
+        honest[check_id] = outcome = check(registry, LRU)
+        ok, expected, observed, _ = outcome
         run.check(check_id, ok, expected, observed, "policy lru")
-        results.append(result)
-    ok, expected, observed = check_budget(results)
+    results = [outcome[3] for outcome in honest.values()]
+    honest_budget = check_budget(results)
+    ok, expected, observed = honest_budget
     run.check("mux.budget", ok, expected, observed, f"{len(results)} runs, policy lru")
 
-    ok, _, observed, _ = check_lru(registry, MostRecentlyUsed)
-    run.negative("mux.neg.mru", not ok, observed, "mux.lru run with an MRU policy must fail")
-
-    ok, _, observed, forced = check_refusal(registry, ForceLoad)
+    # each negative control runs the same check function on a broken policy (broken) and on LRU (honest)
+    mru = check_lru(registry, MostRecentlyUsed)
+    run.negative("mux.neg.mru", _failed, mru, honest["mux.lru"], mru[2], "mux.lru run with an MRU policy")
+    forced = check_refusal(registry, ForceLoad)
     run.negative(
-        "mux.neg.force_load_refusal", not ok, observed, "mux.refuse_oversized with force-load must fail"
+        "mux.neg.force_load_refusal",
+        _failed,
+        forced,
+        honest["mux.refuse_oversized"],
+        forced[2],
+        "mux.refuse_oversized with force-load",
     )
-    forced_runs = [forced] + [
+    forced_runs = [forced[3]] + [
         check(registry, ForceLoad)[3] for check in (check_hit, check_evict_cycle, check_lru)
     ]
-    ok, _, observed = check_budget(forced_runs)
-    run.negative("mux.neg.force_load_budget", not ok, observed, "mux.budget with force-load must fail")
+    budget = check_budget(forced_runs)
+    run.negative(
+        "mux.neg.force_load_budget", _failed, budget, honest_budget, budget[2], "mux.budget with force-load"
+    )
+
+
+def _failed(outcome: tuple[object, ...]) -> bool:
+    """A mux check's outcome (ok, expected, observed, ...) as a detector: the check failed."""
+    return not outcome[0]
 
 
 GATE = Gate(

@@ -1,7 +1,7 @@
 """Gate `serve`: the HTTP seat on `tiny`, checked end to end over loopback.
 
 The seat starts on a free loopback port (a registry with `tiny` and a deliberately broken model). Every
-request goes through `nxctl.server.probe`, a strict client that reassembles each answer and lists how
+request goes through `gates.serve_probe`, a strict client that reassembles each answer and lists how
 it breaks its API's contract; the same checker judges the real run and the negative controls.
 
 - serve.openai_schema / serve.ollama_schema: every answer (streaming and not, solo and concurrent) and
@@ -12,7 +12,7 @@ it breaks its API's contract; the same checker judges the real run and the negat
 - serve.metrics: /metrics has vLLM's names, and its token and request counts equal what was served;
 - serve.dlq: a model that fails to load and an engine failure (engine.testing.fail_requests) are answered
   5xx and kept in the dead-letter store (4xx are not); a dead letter replays;
-- serve.neg.corrupted_chunk: a proxy (nxctl.server.faults) corrupts one streamed chunk; the checker
+- serve.neg.corrupted_chunk: a proxy (gates.fault_proxy) corrupts one streamed chunk; the checker
   must see it;
 - serve.neg.dropped_request: the proxy drops one of several concurrent requests; the checker must see it.
 """
@@ -32,12 +32,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine.loader.sources import FIXTURES
 from gates.framework import Gate, GateRun
+from gates.serve_negatives import neg_corrupted, neg_dropped
+from gates.serve_probe import Answer, Ask, ask, compare
 from nxctl.server.app import create_app
-from nxctl.server.dlq import DeadLetterStore
-from nxctl.server.faults import FaultProxy
-from nxctl.server.probe import Answer, Ask, ask, compare
-from nxctl.server.runner import BackgroundSeat
+from nxctl.server.dlq import DeadLetterStore, replay_letter
 from nxctl.server.settings import SeatSettings
+from nxctl.server.uvicorn_seat import BackgroundSeat
 
 CHECKS = (
     "serve.openai_schema",
@@ -171,12 +171,12 @@ async def _checks(run: GateRun, app: Any, url: str, dlq_path: Path) -> None:
     asks = _asks()
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=120) as client:
-        stats = app.state.seat.host.loaded(MODEL).llm.engine.stats
+        engine = app.state.seat.host.loaded(MODEL).llm.engine
         solo = {a.key: await ask(client, a) for a in asks}
-        solo_batch = stats.max_requests_in_step
+        solo_batch = engine.counters.max_requests_in_step
         sent = [a for a in asks for _ in range(2)]
         together = await asyncio.gather(*(ask(client, a) for a in sent))
-        batches = (solo_batch, stats.max_requests_in_step)
+        batches = (solo_batch, engine.counters.max_requests_in_step)
         extras: dict[str, Any] = {}
         await _guard(
             run, "serve.openai_schema", lambda: _schema(run, "openai", client, solo, together, extras)
@@ -194,8 +194,8 @@ async def _checks(run: GateRun, app: Any, url: str, dlq_path: Path) -> None:
         await _guard(run, "serve.metrics", lambda: _metrics(run, client, answers, extras))
         await _guard(run, "serve.dlq", lambda: _dlq(run, client, app, url, dlq_path))
     port = int(url.rsplit(":", 1)[1])
-    await _guard(run, "serve.neg.corrupted_chunk", lambda: _neg_corrupted(run, port, asks, solo))
-    await _guard(run, "serve.neg.dropped_request", lambda: _neg_dropped(run, port, asks, solo))
+    await _guard(run, "serve.neg.corrupted_chunk", lambda: neg_corrupted(run, port, asks, solo))
+    await _guard(run, "serve.neg.dropped_request", lambda: neg_dropped(run, port, asks, solo))
 
 
 async def _schema(
@@ -343,7 +343,6 @@ async def _metrics(run: GateRun, client: httpx.AsyncClient, answers: list[Answer
 
 async def _dlq(run: GateRun, client: httpx.AsyncClient, app: Any, url: str, dlq_path: Path) -> None:
     from engine.testing import fail_requests
-    from nxctl.commands.dlq import replay_letter
 
     store = DeadLetterStore(dlq_path)
     before = store.count()  # the bad requests (4xx) of the check before must not be here
@@ -378,42 +377,6 @@ async def _dlq(run: GateRun, client: httpx.AsyncClient, app: Any, url: str, dlq_
     }
     run.check(
         "serve.dlq", observed == expected, expected, observed, letters[0].reason[:120] if letters else ""
-    )
-
-
-async def _one_per_connection(base: str, request: Ask) -> Answer:
-    async with httpx.AsyncClient(base_url=base, timeout=60) as client:
-        return await ask(client, request)
-
-
-async def _neg_corrupted(run: GateRun, port: int, asks: list[Ask], solo: dict[str, Answer]) -> None:
-    target = next(
-        a for a in asks if a.stream and any(c.isascii() and c.isalnum() for c in solo[a.key].text or "")
-    )
-    proxy = FaultProxy(port, "corrupt", nth=1)
-    with proxy as proxy_url:
-        answer = await _one_per_connection(proxy_url, target)
-    injected = proxy.injected
-    problems = compare(solo, [answer], [target.key]) if run.sees("serve.neg.corrupted_chunk") else []
-    run.negative(
-        "serve.neg.corrupted_chunk",
-        injected == 1 and bool(problems),
-        f"fault injected: {injected}; checker: {problems[0] if problems else 'saw nothing'}",
-    )
-
-
-async def _neg_dropped(run: GateRun, port: int, asks: list[Ask], solo: dict[str, Answer]) -> None:
-    chosen = [a for a in asks if a.api == "openai"][:4] + [a for a in asks if a.api == "ollama"][:2]
-    proxy = FaultProxy(port, "drop", nth=3)
-    with proxy as proxy_url:
-        answers = await asyncio.gather(*(_one_per_connection(proxy_url, a) for a in chosen))
-    problems = (
-        compare(solo, list(answers), [a.key for a in chosen]) if run.sees("serve.neg.dropped_request") else []
-    )
-    run.negative(
-        "serve.neg.dropped_request",
-        proxy.injected == 1 and bool(problems),
-        f"{len(chosen)} sent, fault injected: {proxy.injected}; checker: {problems[0] if problems else 'saw nothing'}",
     )
 
 

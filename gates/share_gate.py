@@ -11,14 +11,16 @@ blocks collide) must be caught by the cached-vs-uncached check; FCFS must fail t
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from engine import testing
+from engine.drive import Arrival, drive
 from engine.llm_engine import LLM, Engine
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.scheduler import INPUT_WEIGHT, OUTPUT_WEIGHT
 from gates.framework import Gate, GateRun
-from gates.sched_gate import run_solo, same
+from gates.runs import any_differ, run_solo, same
 
 MODEL = "tiny"
 BLOCK = 16
@@ -52,25 +54,35 @@ def _prefix_checks(run: GateRun) -> None:
         "6 prompts sharing a 64-token prefix, one after another",
     )
     expected_hits = (len(prompts) - 1) * 4
+    snap = engine.snapshot()
     run.check(
         "share.prefix_hits",
-        engine.pool.hits == expected_hits,
+        snap.prefix_hits == expected_hits,
         f"{expected_hits} block hits",
-        f"{engine.pool.hits} hits of {engine.pool.queries} queried",
+        f"{snap.prefix_hits} hits of {snap.prefix_queries} queried",
         "every later prompt reuses the 4 blocks of the shared prefix",
     )
     # negative control: blocks keyed on their own tokens collide when equal blocks sit at different places
     z, x = _tokens(rng, BLOCK), _tokens(rng, BLOCK)
-    victim = z + z + _tokens(rng, 5)
-    honest = run_solo(LLM(MODEL, num_kv_blocks=64, enable_prefix_caching=False).engine, victim, GREEDY)
+    victim, other = z + z + _tokens(rng, 5), x + z + _tokens(rng, 5)
+    uncached_victim = run_solo(
+        LLM(MODEL, num_kv_blocks=64, enable_prefix_caching=False).engine, victim, GREEDY
+    )
+    honest_engine = LLM(MODEL, num_kv_blocks=64).engine
+    run_solo(honest_engine, other, GREEDY)
+    honest = run_solo(honest_engine, victim, GREEDY)
     broken_engine = LLM(MODEL, num_kv_blocks=64).engine
     with testing.last_block_prefix_key(broken_engine):
-        run_solo(broken_engine, x + z + _tokens(rng, 5), GREEDY)
+        run_solo(broken_engine, other, GREEDY)
         observed = run_solo(broken_engine, victim, GREEDY)
     run.negative(
         "share.neg.last_block_key",
-        caught=not same(observed, honest),
-        observed="cached output differs from uncached" if not same(observed, honest) else "identical",
+        any_differ,
+        broken=([uncached_victim], [observed]),
+        honest=([uncached_victim], [honest]),
+        observed="cached output differs from uncached"
+        if not same(observed, uncached_victim)
+        else "identical",
         detail="cache keyed on a block's own tokens: the victim's block 0 collides with another's block 1",
     )
 
@@ -84,57 +96,54 @@ def _priority_check(run: GateRun) -> None:
     solo_slow = [run_solo(engine, p, long_params) for p in slow]
     urgent_prompt = _tokens(rng, 12)
     solo_urgent = run_solo(engine, urgent_prompt, GREEDY)
-    ids = [engine.add_request(p, long_params, priority=1) for p in slow]
-    for _ in range(5):
-        engine.step()
-    urgent = engine.add_request(urgent_prompt, GREEDY, priority=0)
-    order: list[str] = []
-    finals: dict[str, RequestOutput] = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                order.append(out.request_id)
-                finals[out.request_id] = out
+    arrivals = [Arrival(p, long_params, priority=1) for p in slow]
+    arrivals.append(Arrival(urgent_prompt, GREEDY, at=5, priority=0))
+    result = drive(engine, arrivals)
+    ids, urgent, finals = result.ids[:-1], result.ids[-1], result.finals
+    order = list(finals)  # in the order they finished
+    preemptions = engine.counters.preemptions
     first = order[0] == urgent
     unchanged = same(finals[urgent], solo_urgent) and all(
         same(finals[i], s) for i, s in zip(ids, solo_slow, strict=True)
     )
     run.check(
         "share.priority",
-        first and unchanged and engine.scheduler.num_preemptions > 0,
+        first and unchanged and preemptions > 0,
         "urgent request finishes first; every output unchanged",
         f"finished position {order.index(urgent) + 1}/5, outputs {'unchanged' if unchanged else 'CHANGED'}, "
-        f"{engine.scheduler.num_preemptions} preemptions",
+        f"{preemptions} preemptions",
         "batch full (max_num_seqs 4) of priority-1 requests",
     )
 
 
-def _served_while_backlogged(engine: Engine, heavy: list[str], light: list[str]) -> dict[str, float]:
-    """Weighted tokens served per tenant until the light tenant's backlog empties."""
-    served = {"heavy": 0.0, "light": 0.0}
-    tenant_of = {i: "heavy" for i in heavy} | {i: "light" for i in light}
-    seen: dict[str, int] = {}
-    while any(not engine.requests[i].finished for i in light):
-        for out in engine.step():
-            new = len(out.token_ids) - seen.get(out.request_id, 0)
-            seen[out.request_id] = len(out.token_ids)
-            prompt = len(out.prompt_token_ids) if new and len(out.token_ids) == new else 0
-            served[tenant_of[out.request_id]] += OUTPUT_WEIGHT * new + INPUT_WEIGHT * prompt
-    while engine.has_unfinished():
-        engine.step()
-    return served
-
-
 def _fairness_run(engine: Engine, light_count: int, heavy_count: int) -> tuple[dict[str, float], bool]:
+    """Weighted tokens served per tenant until the light tenant's backlog empties; whether every light
+    request got all it asked."""
     rng = random.Random(21)
-    heavy, light = [], []
     params = SamplingParams(max_tokens=12, ignore_eos=True)
+    tenants: list[str] = []
     for i in range(heavy_count + light_count):
-        is_light = i % (heavy_count // light_count + 1) == 0 and len(light) < light_count
-        rid = engine.add_request(_tokens(rng, 8), params, tenant="light" if is_light else "heavy")
-        (light if is_light else heavy).append(rid)
-    served = _served_while_backlogged(engine, heavy, light)
-    light_done = all(engine.requests[i].finish_reason == "length" for i in light)
+        is_light = i % (heavy_count // light_count + 1) == 0 and tenants.count("light") < light_count
+        tenants.append("light" if is_light else "heavy")
+    arrivals = [Arrival(_tokens(rng, 8), params, tenant=t) for t in tenants]
+    served = {"heavy": 0.0, "light": 0.0}
+    seen: dict[str, int] = {}
+    light_left: set[str] = set()
+
+    def account(out: RequestOutput) -> None:
+        new = len(out.token_ids) - seen.get(out.request_id, 0)
+        seen[out.request_id] = len(out.token_ids)
+        prompt = len(out.prompt_token_ids) if new and len(out.token_ids) == new else 0
+        if light_left:
+            served[tenant_of[out.request_id]] += OUTPUT_WEIGHT * new + INPUT_WEIGHT * prompt
+        if out.finished:
+            light_left.discard(out.request_id)
+
+    ids = [engine.add_request(a.prompt_token_ids, a.params, tenant=a.tenant) for a in arrivals]
+    tenant_of = dict(zip(ids, tenants, strict=True))
+    light_left.update(i for i, t in tenant_of.items() if t == "light")
+    finals = drive(engine, on_output=account).finals
+    light_done = all(finals[i].finish_reason == "length" for i, t in tenant_of.items() if t == "light")
     return served, light_done
 
 
@@ -143,8 +152,13 @@ def _fair_ok(served: dict[str, float]) -> bool:
     return total > 0 and all(abs(v / total - 0.5) <= 0.5 * FAIR_TOLERANCE for v in served.values())
 
 
+def _unfair(served: dict[str, float]) -> bool:
+    """The fairness detector: some backlogged tenant is outside its share's tolerance."""
+    return not _fair_ok(served)
+
+
 def _fairness_checks(run: GateRun) -> None:
-    settings = {"num_kv_blocks": 256, "max_num_seqs": 4}
+    settings: dict[str, Any] = {"num_kv_blocks": 256, "max_num_seqs": 4}
     served, _ = _fairness_run(LLM(MODEL, **settings).engine, light_count=12, heavy_count=120)
     shares = {k: v / sum(served.values()) for k, v in served.items()}
     light_engine = LLM(MODEL, **settings).engine
@@ -163,7 +177,9 @@ def _fairness_checks(run: GateRun) -> None:
     fcfs_share = fcfs_served["light"] / sum(fcfs_served.values())
     run.negative(
         "share.neg.fcfs",
-        caught=not _fair_ok(fcfs_served),
+        _unfair,
+        broken=fcfs_served,
+        honest=served,
         observed=f"FCFS gives the light tenant {fcfs_share:.1%}",
         detail="same trace, first-come first-served",
     )

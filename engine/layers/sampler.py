@@ -44,21 +44,26 @@ def apply_penalties(
 
 
 def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Probabilities after temperature, top-k, top-p and min-p: [vocab] float32."""
-    scaled = logits / params.temperature
+    """Probabilities after temperature, top-k, top-p and min-p: [vocab] float32.
+
+    Filters mask logits (never renormalise with a library sum, whose order follows the thread count):
+    the result is our fixed-order softmax over the kept tokens, the same bits at any thread count."""
+    scaled = logits / params.temperature  # [vocab]
     if params.top_k and params.top_k < scaled.shape[0]:
         kth = torch.topk(scaled, params.top_k).values[-1]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if params.top_p >= 1.0 and params.min_p <= 0:
+        return kernels.softmax(scaled)
     probs = kernels.softmax(scaled)
+    drop = torch.zeros_like(probs, dtype=torch.bool)
     if params.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        cumulative = torch.cumsum(sorted_probs, dim=-1)
-        drop = cumulative - sorted_probs > params.top_p  # keep the smallest prefix reaching top_p
-        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+        sorted_probs, order = torch.sort(probs, descending=True, stable=True)
+        cumulative = torch.cumsum(sorted_probs, dim=-1)  # a 1-D scan: sequential, one order
+        # keep the smallest prefix reaching top_p: a token goes once those before it already reach it
+        drop[order] = cumulative - sorted_probs >= params.top_p
     if params.min_p > 0:
-        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
-    return probs / probs.sum()
+        drop |= probs < params.min_p * probs.max()
+    return kernels.softmax(scaled.masked_fill(drop, float("-inf")))
 
 
 def sample(

@@ -7,7 +7,9 @@ weights are in the Hugging Face (rotate-half) layout the forward expects.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import SupportsFloat, SupportsInt, cast
 
 import gguf
 import numpy as np
@@ -60,21 +62,38 @@ def _field(reader: gguf.GGUFReader, key: str, default: object = None) -> object:
     return default if field is None else field.contents()
 
 
+def _as_int(value: object) -> int:
+    """``int(value)`` for a GGUF scalar; the same TypeError as ``int()`` for a missing field or an array."""
+    if isinstance(value, (str, SupportsInt)):
+        return int(value)
+    raise TypeError(
+        f"int() argument must be a string, a bytes-like object or a real number, not '{type(value).__name__}'"
+    )
+
+
+def _as_float(value: object) -> float:
+    """``float(value)`` for a GGUF scalar; the same TypeError as ``float()`` for a missing field or an array."""
+    if isinstance(value, (str, SupportsFloat)):
+        return float(value)
+    raise TypeError(f"float() argument must be a string or a real number, not '{type(value).__name__}'")
+
+
 def gguf_config(reader: gguf.GGUFReader, name: str) -> ModelConfig:
     arch = _field(reader, "general.architecture")
     if arch != "llama":
         raise UnsupportedModelError(f"unsupported GGUF architecture {arch!r}; supported: llama")
     p = f"{arch}."
     try:
-        hidden = int(_field(reader, p + "embedding_length"))
-        heads = int(_field(reader, p + "attention.head_count"))
-        kv_heads = int(_field(reader, p + "attention.head_count_kv", heads))
-        layers = int(_field(reader, p + "block_count"))
-        ffn = int(_field(reader, p + "feed_forward_length"))
+        hidden = _as_int(_field(reader, p + "embedding_length"))
+        heads = _as_int(_field(reader, p + "attention.head_count"))
+        kv_heads = _as_int(_field(reader, p + "attention.head_count_kv", heads))
+        layers = _as_int(_field(reader, p + "block_count"))
+        ffn = _as_int(_field(reader, p + "feed_forward_length"))
     except TypeError:
         raise ModelFileError(f"GGUF file {name} lacks llama shape metadata") from None
-    tokens = _field(reader, "tokenizer.ggml.tokens") or []
-    vocab = int(_field(reader, p + "vocab_size", len(tokens)))
+    # GGUF: tokenizer.ggml.tokens is an array of strings
+    tokens = cast("list[str]", _field(reader, "tokenizer.ggml.tokens") or [])
+    vocab = _as_int(_field(reader, p + "vocab_size", len(tokens)))
     has_output = any(t.name == "output.weight" for t in reader.tensors)
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     return ModelConfig(
@@ -83,15 +102,16 @@ def gguf_config(reader: gguf.GGUFReader, name: str) -> ModelConfig:
         hidden_size=hidden,
         num_heads=heads,
         num_kv_heads=kv_heads,
-        head_dim=int(_field(reader, p + "rope.dimension_count", hidden // heads)),
+        head_dim=_as_int(_field(reader, p + "rope.dimension_count", hidden // heads)),
         intermediate_size=ffn,
         vocab_size=vocab,
-        max_position_embeddings=int(_field(reader, p + "context_length", 2048)),
-        rope_theta=float(_field(reader, p + "rope.freq_base", 10000.0)),
-        rms_norm_eps=float(_field(reader, p + "attention.layer_norm_rms_epsilon", 1e-5)),
+        max_position_embeddings=_as_int(_field(reader, p + "context_length", 2048)),
+        rope_theta=_as_float(_field(reader, p + "rope.freq_base", 10000.0)),
+        rms_norm_eps=_as_float(_field(reader, p + "attention.layer_norm_rms_epsilon", 1e-5)),
         tie_word_embeddings=not has_output,
-        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_ids=() if eos is None else (int(eos),),
+        # GGUF: tokenizer.ggml.bos_token_id is a uint32 when present
+        bos_token_id=cast("int | None", _field(reader, "tokenizer.ggml.bos_token_id")),
+        eos_token_ids=() if eos is None else (_as_int(eos),),
         name=name,
     )
 
@@ -158,12 +178,15 @@ def gguf_tokenizer(reader: gguf.GGUFReader, config: ModelConfig) -> ChatTokenize
         raise UnsupportedModelError(
             f"unsupported GGUF tokenizer {model_kind!r}; supported: gpt2 (byte-level BPE)"
         )
-    tokens: list[str] = list(_field(reader, "tokenizer.ggml.tokens"))
-    types = list(_field(reader, "tokenizer.ggml.token_type") or [])
-    merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges") or []]
+    # GGUF: tokens and merges are arrays of strings, token_type an array of int32
+    tokens: list[str] = list(cast("Iterable[str]", _field(reader, "tokenizer.ggml.tokens")))
+    types = list(cast("Iterable[int]", _field(reader, "tokenizer.ggml.token_type") or []))
+    merge_lines = cast("Iterable[str]", _field(reader, "tokenizer.ggml.merges") or [])
+    # GGUF: each merge is "left right", so a pair; BPE itself rejects any other length
+    merges = cast("list[tuple[str, str]]", [tuple(m.split(" ", 1)) for m in merge_lines])
     alphabet = _bytes_to_unicode()
     letters = set(alphabet.values())
-    vocab = {}
+    vocab: dict[str, int] = {}
     for index, token in enumerate(tokens):
         spelled = token if set(token) <= letters else "".join(alphabet[b] for b in token.encode("utf-8"))
         vocab.setdefault(spelled, index)
@@ -184,7 +207,7 @@ def gguf_tokenizer(reader: gguf.GGUFReader, config: ModelConfig) -> ChatTokenize
 
     def token_at(key: str) -> str | None:
         idx = _field(reader, key)
-        return tokens[int(idx)] if idx is not None and int(idx) < len(tokens) else None
+        return tokens[_as_int(idx)] if idx is not None and _as_int(idx) < len(tokens) else None
 
     eos = token_at("tokenizer.ggml.eos_token_id")
     stop = list(config.eos_token_ids)
@@ -192,5 +215,5 @@ def gguf_tokenizer(reader: gguf.GGUFReader, config: ModelConfig) -> ChatTokenize
         tid = tok.token_to_id(name) if name else None
         if tid is not None and tid not in stop:
             stop.append(tid)
-    template = _field(reader, "tokenizer.chat_template")
+    template = cast("str | None", _field(reader, "tokenizer.chat_template"))  # GGUF: a string when present
     return ChatTokenizer(tok, template, token_at("tokenizer.ggml.bos_token_id"), eos, tuple(stop))

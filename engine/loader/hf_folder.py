@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import SupportsInt
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -31,7 +32,11 @@ def _as_ids(value: object) -> tuple[int, ...]:
         return ()
     if isinstance(value, list):
         return tuple(int(v) for v in value)
-    return (int(value),)
+    if isinstance(value, (str, SupportsInt)):
+        return (int(value),)
+    raise TypeError(
+        f"int() argument must be a string, a bytes-like object or a real number, not '{type(value).__name__}'"
+    )
 
 
 def folder_config(folder: Path) -> ModelConfig:
@@ -80,7 +85,7 @@ def folder_weights(folder: Path) -> dict[str, torch.Tensor]:
     if not shards:
         raise ModelFileError(f"no *.safetensors weights in {folder}")
     weights: dict[str, torch.Tensor] = {}
-    names = []
+    names: list[tuple[Path, str]] = []
     try:
         for shard in shards:
             with safe_open(str(shard), framework="pt") as f:

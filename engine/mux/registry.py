@@ -28,17 +28,13 @@ Sizes are in MB, and an MB here is a MiB (2**20 bytes), as nvidia-smi and torch'
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from engine.errors import InvalidRequestError, UnknownModelError
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 
 MB = 1 << 20
 DEFAULT_PREFILL_TOK_S = 4000.0
@@ -122,7 +118,8 @@ class Registry:
     def __post_init__(self) -> None:
         ids = [m.id for m in self.models]
         names = [m.name for m in self.models]
-        for what, values in (("id", ids), ("name", names)):
+        columns: tuple[tuple[str, Sequence[object]], ...] = (("id", ids), ("name", names))
+        for what, values in columns:
             dupes = sorted({str(v) for v in values if values.count(v) > 1})
             if dupes:
                 raise RegistryError(f"{self.origin}: duplicate model {what} {', '.join(dupes)}")

@@ -99,6 +99,8 @@ def simulate(
     steps = []
     for tick, model in enumerate(sequence):
         plan = manager.access(model, tick)
+        action: Action
+        evicted: tuple[int, ...]
         if isinstance(plan, Hit):
             action, evicted, reason = "hit", (), ""
         elif isinstance(plan, Load):

@@ -17,15 +17,15 @@ from collections.abc import Sequence
 import httpx
 
 from engine.errors import NxError
+from engine.workload import WorkloadRequest
 from nxctl.bench.machine import WorkCount
-from nxctl.bench.metrics import RequestRecord
 from nxctl.bench.schedules import Advance, ScheduleRun
-from nxctl.bench.workload import BenchRequest
+from nxctl.bench.serving_metrics import RequestRecord
 
 TIMEOUT_S = 600.0
 
 
-def completion_payload(model: str, req: BenchRequest) -> dict[str, object]:
+def completion_payload(model: str, req: WorkloadRequest) -> dict[str, object]:
     """The request body for one workload request."""
     return {
         "model": model,
@@ -39,7 +39,7 @@ def completion_payload(model: str, req: BenchRequest) -> dict[str, object]:
 
 
 async def _one(
-    client: httpx.AsyncClient, url: str, model: str, req: BenchRequest, arrival: float, advance: Advance
+    client: httpx.AsyncClient, url: str, model: str, req: WorkloadRequest, arrival: float, advance: Advance
 ) -> RequestRecord:
     times: list[float] = []
     output_tokens: int | None = None
@@ -72,14 +72,14 @@ async def _one(
 
 
 async def _run(
-    url: str, model: str, requests: Sequence[BenchRequest], concurrency: int, advance: Advance
+    url: str, model: str, requests: Sequence[WorkloadRequest], concurrency: int, advance: Advance
 ) -> ScheduleRun:
     limit = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=TIMEOUT_S, limits=limits) as client:
         t0 = time.perf_counter()
 
-        async def send(req: BenchRequest) -> RequestRecord:
+        async def send(req: WorkloadRequest) -> RequestRecord:
             await asyncio.sleep(max(0.0, t0 + req.arrival_s - time.perf_counter()))
             async with limit:
                 return await _one(client, url, model, req, t0 + req.arrival_s, advance)
@@ -90,7 +90,7 @@ async def _run(
 
 
 def run_http(
-    url: str, model: str, requests: Sequence[BenchRequest], concurrency: int, advance: Advance
+    url: str, model: str, requests: Sequence[WorkloadRequest], concurrency: int, advance: Advance
 ) -> ScheduleRun:
     """Drive the workload against the seat at ``url``; NxError when it cannot be reached or refuses."""
     if concurrency < 1:

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 
 from engine.config import parse_dtype
 from engine.errors import InvalidRequestError
-from nxctl.bench.workload import WorkloadSpec
+from engine.workload import WorkloadSpec
 
 OURS = ("cb_invariant", "cb_fast", "cb_nocache", "static", "sequential", "single")
 PEERS = ("hf",)

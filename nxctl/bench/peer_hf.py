@@ -19,10 +19,10 @@ import torch
 
 from engine.errors import NxError
 from engine.loader import ModelSource
+from engine.workload import WorkloadRequest
 from nxctl.bench.machine import WorkCount, attended_keys
-from nxctl.bench.metrics import RequestRecord
 from nxctl.bench.schedules import Advance, ScheduleRun
-from nxctl.bench.workload import BenchRequest
+from nxctl.bench.serving_metrics import RequestRecord
 
 
 def load_hf_model(source: ModelSource, dtype: torch.dtype, device: torch.device) -> Any:
@@ -34,6 +34,7 @@ def load_hf_model(source: ModelSource, dtype: torch.dtype, device: torch.device)
         raise NxError("--peer hf needs transformers: pip install 'nxctl[peer]'") from None
     logging.disable_progress_bar()
     logging.set_verbosity_error()
+    model: Any  # transformers' own annotations of from_pretrained(...).to() do not type-check
     with contextlib.redirect_stderr(io.StringIO()):  # transformers' GGUF converter draws its own tqdm bar
         if source.kind == "gguf":
             model = AutoModelForCausalLM.from_pretrained(
@@ -76,7 +77,7 @@ def _pad_id(model: Any) -> int:
 
 
 def generate_batch(
-    model: Any, batch: Sequence[BenchRequest], pad_id: int, advance: Advance
+    model: Any, batch: Sequence[WorkloadRequest], pad_id: int, advance: Advance
 ) -> tuple[list[list[int]], list[float]]:
     """Greedy ``generate`` of one left-padded batch; returns each row's new token ids and the step times."""
     from transformers import GenerationConfig
@@ -110,7 +111,7 @@ def generate_batch(
     return new, streamer.times
 
 
-def run_hf(model: Any, requests: Sequence[BenchRequest], batch_size: int, advance: Advance) -> ScheduleRun:
+def run_hf(model: Any, requests: Sequence[WorkloadRequest], batch_size: int, advance: Advance) -> ScheduleRun:
     """The peer over the workload (see the module docstring)."""
     ordered = sorted(requests, key=lambda r: r.arrival_s)
     pad_id = _pad_id(model)

@@ -12,10 +12,11 @@ import random
 import statistics
 from dataclasses import dataclass
 
+from engine.drive import Arrival, drive
 from engine.llm_engine import LLM, Engine
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from nxctl.bench.metrics import percentile
+from nxctl.bench.serving_metrics import percentile
 
 WORDS = (
     "the of and to in is you that it he was for on are as with his they at be this have from one had by "
@@ -55,18 +56,15 @@ def chat_prompts(
 def _run(
     engine: Engine, prompts: list[list[int]], sequential: bool, params: SamplingParams
 ) -> list[RequestOutput]:
-    finals: dict[str, RequestOutput] = {}
-    order: list[str] = []
-    pending = list(prompts)
-    while pending or engine.has_unfinished():
-        if pending and (not sequential or not engine.has_unfinished()):
-            batch = [pending.pop(0)] if sequential else [pending.pop(0) for _ in range(len(pending))]
-            order += [engine.add_request(p, params) for p in batch]
-        for out in engine.step():
-            if out.finished:
-                finals[out.request_id] = out
-                engine.release_finished(out.request_id)
-    return [finals[i] for i in order]
+    """Every prompt one after another (``sequential``) or all at once; outputs in prompt order."""
+    if sequential:
+        return [drive(engine, [Arrival(p, params)]).outputs()[0] for p in prompts]
+    return drive(engine, [Arrival(p, params) for p in prompts]).outputs()
+
+
+def _first_token_time(out: RequestOutput) -> float:
+    assert out.first_token_time is not None, "every request here produces at least one token"
+    return out.first_token_time
 
 
 def measure(
@@ -89,9 +87,9 @@ def measure(
     for mode in ("sequential", "rate_inf"):
         outs = {}
         for use_cache, llm in ((False, plain), (True, cached)):
-            llm.engine.pool.reset_prefix_cache()
+            llm.engine.reset_prefix_cache()
             outs[use_cache] = _run(llm.engine, prompts, mode == "sequential", params)
-            ttft = [(o.first_token_time - o.arrival_time) * 1000 for o in outs[use_cache]]
+            ttft = [(_first_token_time(o) - o.arrival_time) * 1000 for o in outs[use_cache]]
             results.append(
                 PrefixChatResult(
                     mode,

@@ -8,9 +8,9 @@ from typing import Any
 
 from rich.table import Table
 
-from nxctl.bench.metrics import LATENCIES, STATS
+from nxctl.bench.bench_run import BenchResult
 from nxctl.bench.options import SEQUENTIAL_SUBSET
-from nxctl.bench.runner import BenchResult
+from nxctl.bench.serving_metrics import LATENCIES, STATS
 from nxctl.bench.summary import schedules_json, to_json
 
 

@@ -11,20 +11,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
+from engine.drive import Arrival, drive
 from engine.errors import NxError
 from engine.llm_engine import Engine
 from engine.loader import LoadedModel
 from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
+from engine.workload import WorkloadRequest
 from nxctl.bench.machine import WorkCount, attended_keys
-from nxctl.bench.metrics import RequestRecord
-from nxctl.bench.workload import BenchRequest
+from nxctl.bench.serving_metrics import RequestRecord
 
 Advance = Callable[[int], object]  # called with the number of requested output tokens just produced
 
@@ -44,22 +44,17 @@ def make_engine(loaded: LoadedModel, config: EngineConfig) -> Engine:
     return Engine(loaded, config)
 
 
-def _submit(engine: Engine, req: BenchRequest, max_tokens: int) -> None:
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    engine.add_request(req.prompt_token_ids, params, request_id=str(req.index), tenant=req.tenant)
+def _progress(wanted: dict[int, int], advance: Advance) -> Callable[[RequestOutput], None]:
+    """An on_output hook: progress advances by requested tokens; a request that failed stops the bench."""
 
-
-def _step(engine: Engine, wanted: dict[int, int], finals: dict[int, RequestOutput], advance: Advance) -> None:
-    """One engine step; finished outputs land in ``finals``; progress advances by requested tokens."""
-    for out in engine.step():
+    def on_output(out: RequestOutput) -> None:
         index = int(out.request_id)
         if len(out.token_ids) <= wanted[index]:
             advance(1)
-        if out.finished:
-            if out.finish_reason not in ("length", "stop"):
-                raise NxError(f"bench request {index} ended with {out.finish_reason}: {out.error}")
-            finals[index] = out
-            engine.release_finished(out.request_id)
+        if out.finished and out.finish_reason not in ("length", "stop"):
+            raise NxError(f"bench request {index} ended with {out.finish_reason}: {out.error}")
+
+    return on_output
 
 
 def _wait_until(t: float) -> None:
@@ -68,7 +63,7 @@ def _wait_until(t: float) -> None:
         time.sleep(delay)
 
 
-def _record(req: BenchRequest, out: RequestOutput, t0: float, end: float | None) -> RequestRecord:
+def _record(req: WorkloadRequest, out: RequestOutput, t0: float, end: float | None) -> RequestRecord:
     """The request's record; ``end`` None = it completed with its last requested token."""
     n = min(req.output_len, len(out.token_ids))
     times = out.token_times[:n]
@@ -96,45 +91,38 @@ def _finish(
     engine: Engine, records: list[RequestRecord], outs: list[RequestOutput], t0: float
 ) -> ScheduleRun:
     duration = max(r.end for r in records) - t0
-    st = engine.stats
+    snap = engine.snapshot()
+    st = snap.counters
     work = WorkCount(st.tokens_computed, st.tokens_generated, _attention_work(outs))
     counters = {
         "steps": st.steps,
         "tokens_computed": st.tokens_computed,
-        "preemptions": engine.scheduler.num_preemptions,
-        "prefix_cache_queries": engine.pool.queries,
-        "prefix_cache_hits": engine.pool.hits,
+        "preemptions": st.preemptions,
+        "prefix_cache_queries": snap.prefix_queries,
+        "prefix_cache_hits": snap.prefix_hits,
         "max_requests_in_step": st.max_requests_in_step,
     }
     return ScheduleRun(records, duration, work, counters)
 
 
-def run_continuous(engine: Engine, requests: Sequence[BenchRequest], advance: Advance) -> ScheduleRun:
+def run_continuous(engine: Engine, requests: Sequence[WorkloadRequest], advance: Advance) -> ScheduleRun:
     """Continuous batching: each request is added at its arrival time, the engine steps while any runs."""
-    pending = deque(sorted(requests, key=lambda r: r.arrival_s))
     wanted = {r.index: r.output_len for r in requests}
-    finals: dict[int, RequestOutput] = {}
-    t0 = time.perf_counter()
-    while pending or engine.has_unfinished():
-        now = time.perf_counter()
-        while pending and t0 + pending[0].arrival_s <= now:
-            req = pending.popleft()
-            _submit(engine, req, req.output_len)
-        if not engine.has_unfinished():
-            _wait_until(t0 + pending[0].arrival_s)
-            continue
-        _step(engine, wanted, finals, advance)
+    result = drive(
+        engine, [r.arrival() for r in requests], clock="wall", on_output=_progress(wanted, advance)
+    )
+    finals = {int(rid): out for rid, out in result.finals.items()}
     outs = [finals[r.index] for r in requests]
-    records = [_record(r, finals[r.index], t0, None) for r in requests]
-    return _finish(engine, records, outs, t0)
+    records = [_record(r, finals[r.index], result.start, None) for r in requests]
+    return _finish(engine, records, outs, result.start)
 
 
 def run_static(
-    engine: Engine, requests: Sequence[BenchRequest], batch_size: int, advance: Advance
+    engine: Engine, requests: Sequence[WorkloadRequest], batch_size: int, advance: Advance
 ) -> ScheduleRun:
     """Static batching (see the module docstring); ``batch_size`` 1 is the sequential schedule."""
     ordered = sorted(requests, key=lambda r: r.arrival_s)
-    wanted = {r.index: r.output_len for r in requests}
+    on_output = _progress({r.index: r.output_len for r in requests}, advance)
     finals: dict[int, RequestOutput] = {}
     records: list[RequestRecord] = []
     t0 = time.perf_counter()
@@ -142,10 +130,19 @@ def run_static(
         batch = ordered[first : first + batch_size]
         _wait_until(t0 + batch[-1].arrival_s)
         longest = max(r.output_len for r in batch)
-        for req in batch:
-            _submit(engine, req, longest)
-        while any(r.index not in finals for r in batch):
-            _step(engine, wanted, finals, advance)
+        arrivals = [
+            Arrival(
+                r.prompt_token_ids,
+                dataclasses.replace(r.params, max_tokens=longest),
+                0.0,
+                str(r.index),
+                tenant=r.tenant,
+            )
+            for r in batch
+        ]
+        finals.update(
+            {int(rid): out for rid, out in drive(engine, arrivals, on_output=on_output).finals.items()}
+        )
         batch_end = time.perf_counter()
         records += [_record(r, finals[r.index], t0, batch_end) for r in batch]
     outs = [finals[r.index] for r in ordered]

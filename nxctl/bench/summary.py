@@ -12,12 +12,11 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nxctl.bench.options import SHORT_DTYPE
-from nxctl.bench.runner import BenchResult
+from nxctl.bench.bench_run import BenchResult
+from nxctl.bench.figures import RATIOS, Ratio, dtype_ratio, is_declared
 
 # constants of a schedule (the same in every repeat), not measurements
 VALUE_KEYS = (
@@ -51,15 +50,21 @@ def schedules_json(result: BenchResult) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _ratio_series(
-    result: BenchResult, num: Callable[[dict], Any], den: Callable[[dict], Any], a: str, b: str
-) -> list[float] | None:
-    """num(a's run) / den(b's run) for each repeat; None when either side is missing or unmeasured."""
-    if a not in result.runs or b not in result.runs:
+def _metric(run: dict[str, Any], path: str) -> Any:
+    """A run's metric by dotted path (``ttft_ms.mean``); None when absent."""
+    value: Any = run
+    for key in path.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def _ratio_series(result: BenchResult, ratio: Ratio) -> list[float] | None:
+    """The ratio for each repeat; None when either side is missing or unmeasured."""
+    if ratio.over not in result.runs or ratio.under not in result.runs:
         return None
     values = []
-    for ra, rb in zip(result.runs[a], result.runs[b], strict=True):
-        x, y = num(ra), den(rb)
+    for ra, rb in zip(result.runs[ratio.over], result.runs[ratio.under], strict=True):
+        x, y = _metric(ra, ratio.numerator), _metric(rb, ratio.denominator)
         if x is None or y is None or y == 0:
             return None
         values.append(x / y)
@@ -67,37 +72,12 @@ def _ratio_series(
 
 
 def ratios(result: BenchResult) -> dict[str, dict[str, float]]:
-    """The ratios the census and the table cite, each aggregated over repeats (absent when not measurable).
-
-    prefix_cache_ttft_speedup = mean TTFT without the prefix cache / mean TTFT with it (--shared-prefix).
-    """
-
-    def out_tp(r: dict) -> Any:
-        return r.get("output_throughput")
-
-    def ttft_mean(r: dict) -> Any:
-        return (r.get("ttft_ms") or {}).get("mean")
-
+    """The declared ratios (nxctl/bench/figures.py), each aggregated over repeats; absent when not measurable."""
     opts = result.options
-    series = {
-        "cb_invariant_vs_hf_output_throughput": _ratio_series(result, out_tp, out_tp, "cb_invariant", "hf"),
-        "cb_invariant_vs_fast_output_throughput": _ratio_series(
-            result, out_tp, out_tp, "cb_invariant", "cb_fast"
-        ),
-        "single_invariant_vs_hf_decode_tps": _ratio_series(
-            result,
-            lambda r: r.get("invariant_decode_tps"),
-            lambda r: r.get("hf_decode_tps"),
-            "single",
-            "single",
-        ),
-        "prefix_cache_ttft_speedup": _ratio_series(
-            result, ttft_mean, ttft_mean, "cb_nocache", "cb_invariant"
-        ),
-    }
-    if opts.compare_schedule:
-        name = f"{SHORT_DTYPE[opts.dtype]}_vs_{SHORT_DTYPE[opts.compare_dtype or '']}_invariant_output_throughput"
-        series[name] = _ratio_series(result, out_tp, out_tp, "cb_invariant", opts.compare_schedule)
+    declared = list(RATIOS)
+    if opts.compare_dtype:
+        declared.append(dtype_ratio(opts.dtype, opts.compare_dtype))
+    series = {r.name: _ratio_series(result, r) for r in declared}
     return {k: aggregate(v) for k, v in series.items() if v}
 
 
@@ -122,6 +102,9 @@ def to_json(result: BenchResult) -> dict[str, Any]:
     flatten("agreement", result.extras, figures)
     flatten("machine.peak_gflops", result.peak_gflops, figures)
     figures["peak_rss_mb"] = result.peak_rss_mb
+    undeclared = sorted(k for k in figures if not is_declared(k))
+    if undeclared:
+        raise ValueError(f"bench figures not declared in nxctl/bench/figures.py: {', '.join(undeclared)}")
     return {
         "device": result.device,
         "peer": result.options.peer,

@@ -1,6 +1,6 @@
 """`nxctl census`: our serving stack beside the state of the art, every verdict computed from evidence.
 
-Glue over gates/census.py: evaluate the rows against a status dir and a bench JSON, render them
+Glue over gates/census_verdicts.py: evaluate the rows against a status dir and a bench JSON, render them
 (table, tsv, md or json) with the summary counts, the negative control, the path to the state of the
 art and the census's own verdict. Exit 1 when the census is RED, 2 on malformed census data.
 """
@@ -8,7 +8,7 @@ art and the census's own verdict. Exit 1 when the census is RED, 2 on malformed 
 from __future__ import annotations
 
 import json
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -16,17 +16,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gates.census import (
-    CATEGORIES,
-    DEFAULT_ROWS,
-    CensusDataError,
-    CensusReport,
-    RowResult,
-    load_rows,
-    make_context,
-    run_census,
-    sources_line,
-)
+from gates.census_data import DEFAULT_ROWS, CensusDataError, load_rows
+from gates.census_verdicts import CATEGORIES, CensusReport, RowResult, make_context, run_census, sources_line
 from gates.framework import GREEN
 from nxctl.commands.common import fail
 
@@ -41,7 +32,7 @@ GROUP_TITLES = {
 VERDICT_STYLE = {"BEHIND": "yellow", "PARITY": "green", "AHEAD": "cyan"}
 
 
-class Format(str, Enum):
+class Format(StrEnum):
     table = "table"
     tsv = "tsv"
     md = "md"

@@ -122,8 +122,8 @@ def chat(
         run_chat(url, model, lines, sys.stdout, system, options, api_key)
         return
     from nxctl.server.app import create_app
-    from nxctl.server.runner import BackgroundSeat
     from nxctl.server.settings import SeatSettings
+    from nxctl.server.uvicorn_seat import BackgroundSeat
 
     typer.echo(f"nxctl chat: no seat at {url}; loading {model} in-process", err=True)
     app = create_app(SeatSettings(models=(model,), dlq_enabled=False, log_requests=False, keep_alive_s=None))

@@ -16,7 +16,7 @@ import typer
 
 from engine.errors import InvalidRequestError
 from nxctl.commands.common import fail
-from nxctl.server.dlq import DeadLetter, DeadLetterStore
+from nxctl.server.dlq import DeadLetter, DeadLetterStore, replay_letter
 from nxctl.server.settings import default_dlq_path
 
 app = typer.Typer(help="Dead letters: requests that failed on the seat's side, listed and replayed.")
@@ -31,27 +31,6 @@ def open_store(db: Path | None) -> DeadLetterStore:
     if not path.is_file():
         raise InvalidRequestError(f"no dead-letter store at {path} (the seat creates it when it starts)")
     return DeadLetterStore(path)
-
-
-def replay_letter(
-    store: DeadLetterStore, letter_id: int, url: str, api_key: str | None = None, timeout: float = 600.0
-) -> tuple[int, str]:
-    """Send dead letter ``letter_id`` to the seat at ``url`` again; notes the replay; returns (status, body)."""
-    letter = store.get(letter_id)
-    if letter is None:
-        raise InvalidRequestError(f"no dead letter {letter_id} in {store.path}")
-    if letter.body is None:
-        raise InvalidRequestError(
-            f"dead letter {letter_id} has no body (the seat redacted it): it cannot be replayed"
-        )
-    headers = {"content-type": "application/json", "x-nxctl-replay-of": str(letter_id)}
-    if api_key:
-        headers["authorization"] = f"Bearer {api_key}"
-    response = httpx.request(
-        letter.method, url.rstrip("/") + letter.path, content=letter.body, headers=headers, timeout=timeout
-    )
-    store.mark_replayed(letter_id, response.status_code)
-    return response.status_code, response.text
 
 
 def _row(letter: DeadLetter) -> dict[str, object]:

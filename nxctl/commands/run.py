@@ -8,8 +8,10 @@ from typing import Annotated
 
 import typer
 
+from engine.drive import Arrival, drive
 from engine.errors import NxError
 from engine.llm_engine import LLM
+from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from nxctl.commands.common import fail
 
@@ -25,19 +27,17 @@ def stream_turn(
     write = write or sys.stdout.write
     tokenizer = llm.tokenizer
     ids = tokenizer.encode(prompt) if raw else tokenizer.encode_chat([{"role": "user", "content": prompt}])
-    engine = llm.engine
-    request_id = engine.add_request(ids, params)
     shown = ""
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.request_id != request_id:
-                continue
-            write(out.text[len(shown) :])
-            shown = out.text
-            sys.stdout.flush()
-            if out.finished and out.finish_reason == "error":
-                raise NxError(out.error or "generation failed")
-    engine.release_finished(request_id)
+
+    def show(out: RequestOutput) -> None:
+        nonlocal shown
+        write(out.text[len(shown) :])
+        shown = out.text
+        sys.stdout.flush()
+
+    final = drive(llm.engine, [Arrival(ids, params)], on_output=show).outputs()[0]
+    if final.finish_reason == "error":
+        raise NxError(final.error or "generation failed")
     return shown
 
 

@@ -14,11 +14,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from engine.errors import InvalidRequestError, NxError
+from engine.workload import LengthRange, WorkloadSpec, parse_weights
+from nxctl.bench.bench_run import BenchResult, run_bench
 from nxctl.bench.options import SCHEDULES, BenchOptions
 from nxctl.bench.report import footer, table, title
-from nxctl.bench.runner import BenchResult, StartTask, run_bench
+from nxctl.bench.schedules import Advance
 from nxctl.bench.summary import write_json
-from nxctl.bench.workload import LengthRange, WorkloadSpec, parse_weights
 from nxctl.commands.common import fail
 
 app = typer.Typer(help="The scheduler measured: throughput and latency against simpler schedules and a peer.")
@@ -48,11 +49,15 @@ def run_with_progress(opts: BenchOptions, console: Console) -> BenchResult:
     columns = (TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, disable=not console.is_terminal) as progress:
 
-        def start_task(description: str, total: int) -> StartTask:
+        def start_task(description: str, total: int) -> Advance:
             task = progress.add_task(description, total=total)
-            return lambda n: progress.advance(task, n)
 
-        return run_bench(opts, start_task, progress.console.print)  # type: ignore[arg-type]
+            def advance(n: int) -> None:
+                progress.advance(task, n)
+
+            return advance
+
+        return run_bench(opts, start_task, progress.console.print)
 
 
 @app.command("bench")

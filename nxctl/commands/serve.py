@@ -85,7 +85,7 @@ def listen(host: str, port: int) -> socket.socket:
 def run_seat(settings: SeatSettings, threads: int | None = None) -> None:
     """Load the models, serve until SIGINT / SIGTERM, drain, stop (glue over nxctl.server)."""
     from nxctl.server.app import create_app, preload_models
-    from nxctl.server.runner import make_server
+    from nxctl.server.uvicorn_seat import make_server
 
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(message)s")
     logging.getLogger("nxctl.serve").setLevel(logging.INFO)

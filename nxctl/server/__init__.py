@@ -1,23 +1,26 @@
 """The HTTP seat (`nxctl serve`): OpenAI- and Ollama-compatible APIs over engine loops, glue only.
 
+A generation request passes each stage once, in this order (openai_api.py / ollama_api.py conduct):
+
+    1. parse.py             the JSON body against its pydantic schema (schemas_openai.py, schemas_ollama.py)
+       lease.py             the model held for the request (ModelLease), and the stream that owns it
+    2. to_engine_params.py  the API's fields as engine work: prompt token ids + SamplingParams (Job, Work)
+    3. submit.py            the jobs on the model's engine loop (queue limit, request id), outputs as they come
+    4. results.py           the outputs streamed as deltas (streaming.py: stop-string hold-back) or collected
+    5. openai_format.py     OpenAI bodies and SSE chunks; ollama_format.py: Ollama bodies and NDJSON lines
+
+Shared by the stages: seat.py (the seat's state, log-line facts, dead letters), api_errors.py (APIError and
+the JSON error bodies), finish_reasons.py (engine finish reasons as the APIs name them), keep_alive.py
+(KeepAlive), tokens.py (prompt rendering, Ollama truncation, token strings and bytes for logprobs).
+
 settings.py        SeatSettings: every option of the seat, typed, in one place
 bridge.py          EngineLoop: one thread owns one Engine; thread-safe inbox, per-request sinks
-host.py            ModelHost: get-or-load a model under a memory budget (the mux's residency manager)
+host.py            ModelHost: engine.mux.ModelPool (the one residency driver) with Ollama names; unloads stop loops
 models.py          which models a seat serves (registry or --model) and how one loads
-generation.py      one HTTP request = n engine requests (ModelLease + Generation), as async deltas
-streaming.py       incremental text with stop-string hold-back
-tokens.py          prompt rendering, Ollama-style truncation, token strings and bytes for logprobs
-sampling.py        each API's fields and defaults as SamplingParams; context checks
-schemas_openai.py  pydantic request schemas (OpenAI); schemas_ollama.py (Ollama)
-openai_api.py      /v1/... routes (openai_format.py: bodies and chunks)
-ollama_api.py      /api/... routes (model_info.py: what /api/show, /api/tags, /api/ps show)
+model_info.py      what /api/show, /api/tags, /api/ps show
 embeddings.py      mean-pooled input token embeddings
-handling.py        what handlers share: body parsing, queue limit, dead letters, disconnects, streams
-metrics.py         Prometheus metrics with vLLM's names; dlq.py: the SQLite dead-letter store
-errors.py          APIError and the JSON error bodies of each API
-middleware.py      body limit, API key, one log line per request
+prometheus_metrics.py  Prometheus metrics with vLLM's names; dlq.py: the SQLite dead-letter store
+middleware.py      body limit (413, body drained first), API key, one log line per request
 app.py             create_app(...): the FastAPI app and its lifespan
-runner.py          run the app with uvicorn: in the foreground (signals, drain) or in a thread
-faults.py          FaultProxy: a loopback proxy that corrupts one chunk or drops one request (gates)
-probe.py           a strict client: send one request through either API, reassemble and check it
+uvicorn_seat.py    run the app with uvicorn: in the foreground (signals, drain) or in a thread
 """

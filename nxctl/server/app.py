@@ -24,14 +24,15 @@ from engine.errors import NxError
 from engine.mux.registry import MB, ModelSpec
 from nxctl import __version__
 from nxctl.server import ollama_api, openai_api
+from nxctl.server.api_errors import APIError, bad_request, error_body, from_engine
 from nxctl.server.bridge import CoreLease
 from nxctl.server.dlq import DeadLetterStore
-from nxctl.server.errors import APIError, bad_request, error_body, from_engine
-from nxctl.server.handling import ClientGone, Seat, dead_letter, seat_of
 from nxctl.server.host import ModelHost, SeatModel
-from nxctl.server.metrics import CONTENT_TYPE, SeatMetrics
 from nxctl.server.middleware import ApiKey, BodyLimit, BodyTooLarge, RequestLog
 from nxctl.server.models import make_loader, preload_names, seat_registry
+from nxctl.server.prometheus_metrics import CONTENT_TYPE, SeatMetrics
+from nxctl.server.results import ClientGone
+from nxctl.server.seat import Seat, dead_letter, seat_of
 from nxctl.server.settings import SeatSettings, default_dlq_path
 
 log = logging.getLogger("nxctl.serve")
@@ -142,8 +143,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(BodyTooLarge)
     async def on_too_large(request: Request, exc: BodyTooLarge) -> Response:
-        limit = seat_of(request).settings.max_body_bytes
-        return _json_error(request, APIError(413, f"the request body is larger than {limit} bytes"))
+        return _json_error(request, exc.error)
 
     @app.exception_handler(ClientGone)
     async def on_client_gone(request: Request, exc: ClientGone) -> Response:

@@ -22,11 +22,14 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from engine.errors import NxError
+from engine.errors import NxError, ShuttingDownError
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.llm_engine import Engine
 
 log = logging.getLogger("nxctl.serve")
 _NO_PROGRESS_WAIT_S = 0.01
@@ -116,14 +119,14 @@ class _Abort:
 class EngineLoop:
     """Owns ``engine`` in a daemon thread. ``submit`` / ``abort`` / ``stop`` are thread-safe.
 
-    ``engine`` needs ``add_request``, ``step``, ``abort``, ``has_unfinished``, ``release_finished``,
-    ``scheduler`` (waiting, running, num_preemptions), ``pool`` (usage, queries, hits, block_size) and
-    ``stats.steps``. ``on_stats(stats)`` is called from the loop thread after each step.
+    ``engine`` is an Engine, driven only through its public calls (``add_request``, ``step``,
+    ``abort``, ``has_unfinished``, ``release_finished``, ``snapshot``). ``on_stats(stats)`` is called
+    from the loop thread after each step.
     """
 
     def __init__(
         self,
-        engine: object,
+        engine: Engine,
         name: str,
         lease: CoreLease | None = None,
         on_stats: Callable[[LoopStats], None] | None = None,
@@ -168,7 +171,7 @@ class EngineLoop:
         rid = request_id or uuid.uuid4().hex
         with self._cond:
             if self._stopping:
-                raise RuntimeError(f"the engine loop of {self.name} is stopping")
+                raise ShuttingDownError(f"the engine loop of {self.name} is stopping")
             self._pending += 1
             self._inbox.append(_Submit(rid, list(prompt_ids), params, sink, tenant, priority))
             self._cond.notify()
@@ -240,7 +243,7 @@ class EngineLoop:
         self._not_started.add(command.request_id)
 
     def _step(self) -> None:
-        steps_before = self.engine.stats.steps
+        steps_before = self.stats.steps
         try:
             with self._lease:
                 outputs = self.engine.step()
@@ -251,7 +254,7 @@ class EngineLoop:
         for out in outputs:
             self._deliver(out)
         self._publish()
-        if self.engine.stats.steps == steps_before:  # nothing could be scheduled: wait, do not spin
+        if not outputs and self.stats.steps == steps_before:  # nothing could be scheduled: wait, do not spin
             with self._cond:
                 if not self._inbox and not self._stopping:
                     self._cond.wait(_NO_PROGRESS_WAIT_S)
@@ -286,15 +289,15 @@ class EngineLoop:
         self._publish()
 
     def _publish(self) -> None:
-        sched, pool = self.engine.scheduler, self.engine.pool
+        snap = self.engine.snapshot()
         self.stats = LoopStats(
-            running=len(sched.running),
-            waiting=len(sched.waiting),
-            kv_usage=float(pool.usage),
-            prefix_queries=pool.queries * pool.block_size,
-            prefix_hits=pool.hits * pool.block_size,
-            preemptions=sched.num_preemptions,
-            steps=self.engine.stats.steps,
+            running=len(snap.running),
+            waiting=len(snap.waiting),
+            kv_usage=snap.kv_usage,
+            prefix_queries=snap.prefix_queries * snap.block_size,
+            prefix_hits=snap.prefix_hits * snap.block_size,
+            preemptions=snap.counters.preemptions,
+            steps=snap.counters.steps,
         )
         if self._on_stats is not None:
             self._on_stats(self.stats)

@@ -15,6 +15,10 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
+from engine.errors import InvalidRequestError
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS dead_letters (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -125,3 +129,24 @@ def _letter(row: tuple) -> DeadLetter:
         replays=row[9],
         last_replay_status=row[10],
     )
+
+
+def replay_letter(
+    store: DeadLetterStore, letter_id: int, url: str, api_key: str | None = None, timeout: float = 600.0
+) -> tuple[int, str]:
+    """Send dead letter ``letter_id`` to the seat at ``url`` again; notes the replay; returns (status, body)."""
+    letter = store.get(letter_id)
+    if letter is None:
+        raise InvalidRequestError(f"no dead letter {letter_id} in {store.path}")
+    if letter.body is None:
+        raise InvalidRequestError(
+            f"dead letter {letter_id} has no body (the seat redacted it): it cannot be replayed"
+        )
+    headers = {"content-type": "application/json", "x-nxctl-replay-of": str(letter_id)}
+    if api_key:
+        headers["authorization"] = f"Bearer {api_key}"
+    response = httpx.request(
+        letter.method, url.rstrip("/") + letter.path, content=letter.body, headers=headers, timeout=timeout
+    )
+    store.mark_replayed(letter_id, response.status_code)
+    return response.status_code, response.text

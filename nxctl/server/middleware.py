@@ -9,17 +9,44 @@ import time
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from nxctl.server.errors import APIError, error_body
+from nxctl.server.api_errors import APIError, error_body
 
 log = logging.getLogger("nxctl.serve")
 OPEN_PATHS = frozenset({"/health"})
 
 
 class BodyTooLarge(Exception):
-    """A request body over the seat's limit (answered 413)."""
+    """A request body over the seat's limit (answered 413); ``error`` is that answer."""
+
+    def __init__(self, error: APIError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def too_large(max_bytes: int) -> APIError:
+    """The 413 of a body over ``max_bytes``; the connection closes after it (the body was not all read)."""
+    return APIError(
+        413, f"the request body is larger than {max_bytes} bytes", headers={"Connection": "close"}
+    )
+
+
+async def discard_body(receive: Receive, budget: int) -> None:
+    """Read and drop the rest of the request body, at most ``budget`` more bytes.
+
+    A client sends its whole body before it reads the answer; a server that answers and closes while
+    the client still sends resets the connection, and the client sees "connection reset", not the 413.
+    Draining first lets it read the 413; the budget bounds what a client can make the seat read."""
+    while budget > 0:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        budget -= len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
 
 
 async def _reject(scope: Scope, receive: Receive, send: Send, err: APIError) -> None:
+    """Answer with ``err`` as JSON, in the flavour of the path's API."""
     response = JSONResponse(error_body(scope["path"], err), status_code=err.status, headers=err.headers)
     await response(scope, receive, send)
 
@@ -33,6 +60,7 @@ class RequestLog:
         self.app, self.enabled = app, enabled
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the request; log its line once the response has ended (however it ended)."""
         if scope["type"] != "http" or not self.enabled:
             await self.app(scope, receive, send)
             return
@@ -70,6 +98,7 @@ class ApiKey:
         self.app, self.key = app, key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """401 unless the request carries the key (or its path is open)."""
         if scope["type"] == "http" and self.key and scope["path"] not in OPEN_PATHS:
             headers = dict(scope.get("headers") or [])
             given = headers.get(b"authorization", b"").decode("latin-1")
@@ -82,31 +111,42 @@ class ApiKey:
 
 
 class BodyLimit:
-    """Refuses bodies over ``max_bytes`` with 413: by Content-Length up front, or while reading."""
+    """Refuses bodies over ``max_bytes`` with 413: by Content-Length up front, or while reading.
+
+    Either way the rest of the body is read and dropped, up to twice the limit in all, before the 413
+    goes out (then the connection closes), so that clients read the 413 instead of a reset connection.
+    A client that sent ``Expect: 100-continue`` gets the 413 at once: it has not sent its body."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """413 for a declared length over the limit; else run the app with a counting ``receive``."""
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length", b"").decode("latin-1")
         if length.isdigit() and int(length) > self.max_bytes:
-            await _reject(scope, receive, send, self.too_large())
+            if headers.get(b"expect", b"").lower() != b"100-continue":
+                await discard_body(receive, 2 * self.max_bytes)
+            await _reject(scope, receive, send, too_large(self.max_bytes))
             return
-        seen = [0]
+        await self.app(scope, self._counted(receive), send)
+
+    def _counted(self, receive: Receive) -> Receive:
+        """``receive`` that raises BodyTooLarge (after draining) once the body passes the limit."""
+        seen = 0
 
         async def counted() -> Message:
+            nonlocal seen
             message = await receive()
             if message["type"] == "http.request":
-                seen[0] += len(message.get("body", b""))
-                if seen[0] > self.max_bytes:
-                    raise BodyTooLarge()
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    if message.get("more_body", False):
+                        await discard_body(receive, 2 * self.max_bytes - seen)
+                    raise BodyTooLarge(too_large(self.max_bytes))
             return message
 
-        await self.app(scope, counted, send)
-
-    def too_large(self) -> APIError:
-        return APIError(413, f"the request body is larger than {self.max_bytes} bytes")
+        return counted

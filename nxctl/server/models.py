@@ -51,6 +51,7 @@ def make_loader(
         from engine import LLM
 
         started = time.perf_counter()
+        assert spec.source is not None, "a seat serves only registry entries with a source"
         llm = LLM(
             spec.source,
             dtype=spec.dtype,

@@ -1,19 +1,35 @@
-"""OpenAI response bodies and stream chunks, built from engine outputs and deltas."""
+"""Stage 5 for the OpenAI API: response bodies, and SSE chunks from a stream of deltas."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any
 
 from engine.loader import ChatTokenizer
 from engine.outputs import RequestOutput
 from nxctl import __version__
+from nxctl.server.api_errors import APIError, as_api_error
+from nxctl.server.finish_reasons import api_finish, api_finish_or_none
 from nxctl.server.streaming import Delta
 from nxctl.server.tokens import token_bytes, token_text
 
+log = logging.getLogger("nxctl.serve")
 FINGERPRINT = f"nxctl-{__version__}"
-FINISH = {"stop": "stop", "length": "length"}
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What every body and chunk of one OpenAI response shares."""
+
+    request_id: str
+    model: str  # the model as the request named it
+    created: int  # Unix seconds
+    tokenizer: ChatTokenizer
+    prompt_tokens: int
 
 
 def sse(data: dict[str, Any] | str) -> bytes:
@@ -23,11 +39,18 @@ def sse(data: dict[str, Any] | str) -> bytes:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """The ``usage`` object."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+
+
+def error_event(err: APIError) -> bytes:
+    """The event that ends a stream that failed."""
+    kind = "server_error" if err.status >= 500 else "invalid_request_error"
+    return sse({"error": {"message": err.message, "type": kind, "param": None, "code": err.status}})
 
 
 def chat_logprobs(
@@ -36,6 +59,7 @@ def chat_logprobs(
     """Chat ``logprobs``: one entry per token, with its bytes and the requested alternatives."""
 
     def entry(token_id: int, logprob: float) -> dict[str, Any]:
+        """One token's text, logprob and bytes."""
         return {
             "token": token_text(tok, token_id),
             "logprob": logprob,
@@ -71,40 +95,43 @@ def completion_logprobs(
     }
 
 
-def chat_response(
-    rid: str, model: str, created: int, outs: list[RequestOutput], tok: ChatTokenizer, want_logprobs: bool
-) -> dict[str, Any]:
+# ---- chat ----------------------------------------------------------------------------------------
+def chat_response(reply: Reply, outs: list[RequestOutput], want_logprobs: bool) -> dict[str, Any]:
+    """The ``chat.completion`` body: one choice per final output."""
     choices = []
     for i, out in enumerate(outs):
-        lp = chat_logprobs(tok, out.token_ids, out.logprobs, out.top_logprobs) if want_logprobs else None
+        lp = (
+            chat_logprobs(reply.tokenizer, out.token_ids, out.logprobs, out.top_logprobs)
+            if want_logprobs
+            else None
+        )
+        finish = api_finish(out.finish_reason) if out.finish_reason else "stop"
         choices.append(
             {
                 "index": i,
                 "message": {"role": "assistant", "content": out.text},
                 "logprobs": lp,
-                "finish_reason": FINISH.get(out.finish_reason or "", "stop"),
+                "finish_reason": finish,
             }
         )
-    completion = sum(len(o.token_ids) for o in outs)
     return {
-        "id": rid,
+        "id": reply.request_id,
         "object": "chat.completion",
-        "created": created,
-        "model": model,
+        "created": reply.created,
+        "model": reply.model,
         "choices": choices,
-        "usage": usage(len(outs[0].prompt_token_ids), completion),
+        "usage": usage(reply.prompt_tokens, sum(len(o.token_ids) for o in outs)),
         "system_fingerprint": FINGERPRINT,
     }
 
 
-def chat_chunk(
-    rid: str, model: str, created: int, choices: list[dict[str, Any]], with_usage: bool
-) -> dict[str, Any]:
+def chat_chunk(reply: Reply, choices: list[dict[str, Any]], with_usage: bool) -> dict[str, Any]:
+    """One ``chat.completion.chunk`` (``usage: null`` on each when usage comes last)."""
     chunk = {
-        "id": rid,
+        "id": reply.request_id,
         "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
+        "created": reply.created,
+        "model": reply.model,
         "system_fingerprint": FINGERPRINT,
         "choices": choices,
     }
@@ -114,41 +141,106 @@ def chat_chunk(
 
 
 def chat_delta_choice(delta: Delta, tok: ChatTokenizer, want_logprobs: bool) -> dict[str, Any]:
+    """A chunk's choice: the delta's text (none on the finishing chunk when it has none), its logprobs."""
     lp = None
     if want_logprobs and delta.token_ids:
         lp = chat_logprobs(tok, delta.token_ids, delta.logprobs, delta.top_logprobs)
     content = {"content": delta.text} if delta.text or not delta.finish_reason else {}
-    finish = FINISH.get(delta.finish_reason or "", "stop") if delta.finish_reason else None
+    finish = api_finish_or_none(delta.finish_reason)
     return {"index": delta.index, "delta": content, "logprobs": lp, "finish_reason": finish}
 
 
-def completion_response(
-    rid: str,
-    model: str,
-    created: int,
-    outs: list[RequestOutput],
-    tok: ChatTokenizer,
-    logprobs: int | None,
-    prompt_tokens: int,
-) -> dict[str, Any]:
+async def chat_events(
+    deltas: AsyncGenerator[Delta, None], reply: Reply, choices: int, want_logprobs: bool, with_usage: bool
+) -> AsyncIterator[bytes]:
+    """The SSE stream of a chat completion: a role chunk per choice, a chunk per delta with news, the
+    usage chunk when asked, an error event if the stream fails, then ``[DONE]``."""
+    try:
+        for i in range(choices):
+            first = {
+                "index": i,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+            yield sse(chat_chunk(reply, [first], with_usage))
+        completion = 0
+        async with aclosing(deltas) as stream:
+            async for delta in stream:
+                if delta.finish_reason:
+                    completion += len(delta.output.token_ids)
+                if delta.text or delta.finish_reason or (want_logprobs and delta.token_ids):
+                    choice = chat_delta_choice(delta, reply.tokenizer, want_logprobs)
+                    yield sse(chat_chunk(reply, [choice], with_usage))
+        if with_usage:
+            yield sse({**chat_chunk(reply, [], False), "usage": usage(reply.prompt_tokens, completion)})
+    except Exception as exc:  # noqa: BLE001 - a stream that fails still ends with an error event
+        yield error_event(_unexpected(exc))
+    yield sse("[DONE]")
+
+
+# ---- text completions ----------------------------------------------------------------------------
+def completion_response(reply: Reply, outs: list[RequestOutput], logprobs: int | None) -> dict[str, Any]:
+    """The ``text_completion`` body: one choice per final output."""
     choices = []
     for i, out in enumerate(outs):
         lp = None
         if logprobs is not None:
-            lp = completion_logprobs(tok, out.token_ids, out.logprobs, out.top_logprobs)
-        finish = FINISH.get(out.finish_reason or "", "stop")
+            lp = completion_logprobs(reply.tokenizer, out.token_ids, out.logprobs, out.top_logprobs)
+        finish = api_finish(out.finish_reason) if out.finish_reason else "stop"
         choices.append({"index": i, "text": out.text, "logprobs": lp, "finish_reason": finish})
     return {
-        "id": rid,
+        "id": reply.request_id,
         "object": "text_completion",
-        "created": created,
-        "model": model,
+        "created": reply.created,
+        "model": reply.model,
         "choices": choices,
-        "usage": usage(prompt_tokens, sum(len(o.token_ids) for o in outs)),
+        "usage": usage(reply.prompt_tokens, sum(len(o.token_ids) for o in outs)),
         "system_fingerprint": FINGERPRINT,
     }
 
 
-def error_event(message: str, status: int = 500) -> bytes:
-    kind = "server_error" if status >= 500 else "invalid_request_error"
-    return sse({"error": {"message": message, "type": kind, "param": None, "code": status}})
+def completion_delta_choice(
+    delta: Delta, tok: ChatTokenizer, logprobs: int | None, offset: int
+) -> dict[str, Any]:
+    """A text completion chunk's choice; ``offset``: the characters of this choice sent before."""
+    lp = None
+    if logprobs is not None:
+        lp = completion_logprobs(tok, delta.token_ids, delta.logprobs, delta.top_logprobs, offset)
+    finish = api_finish_or_none(delta.finish_reason)
+    return {"index": delta.index, "text": delta.text, "logprobs": lp, "finish_reason": finish}
+
+
+async def completion_events(
+    deltas: AsyncGenerator[Delta, None], reply: Reply, logprobs: int | None, with_usage: bool
+) -> AsyncIterator[bytes]:
+    """The SSE stream of a text completion: a chunk per step with tokens (as vLLM), the usage chunk when
+    asked, an error event if the stream fails, then ``[DONE]``."""
+    base = {
+        "id": reply.request_id,
+        "object": "text_completion",
+        "created": reply.created,
+        "model": reply.model,
+    }
+    offsets: dict[int, int] = {}
+    completion = 0
+    try:
+        async with aclosing(deltas) as stream:
+            async for d in stream:
+                completion += len(d.output.token_ids) if d.finish_reason else 0
+                if d.text or d.finish_reason or d.token_ids:
+                    choice = completion_delta_choice(d, reply.tokenizer, logprobs, offsets.get(d.index, 0))
+                    offsets[d.index] = offsets.get(d.index, 0) + len(d.text)
+                    yield sse({**base, "choices": [choice], **({"usage": None} if with_usage else {})})
+        if with_usage:
+            yield sse({**base, "choices": [], "usage": usage(reply.prompt_tokens, completion)})
+    except Exception as exc:  # noqa: BLE001 - a stream that fails still ends with an error event
+        yield error_event(_unexpected(exc))
+    yield sse("[DONE]")
+
+
+def _unexpected(exc: Exception) -> APIError:
+    """The stage before raises only APIError; anything else is a bug here, logged and sent as a 500."""
+    if not isinstance(exc, APIError):
+        log.error("formatting a stream failed", exc_info=exc)
+    return as_api_error(exc)

@@ -11,7 +11,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from nxctl.server.errors import APIError, bad_request
+from engine.errors import InvalidRequestError
+from nxctl.server.api_errors import APIError, bad_request
+from nxctl.server.keep_alive import KeepAlive
 from nxctl.server.schemas_openai import Strict
 
 OLLAMA_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "repeat_penalty": 1.1}
@@ -47,6 +49,7 @@ class Options(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
 
     def check(self) -> None:
+        """400 for an option we do not support, a num_predict of 0, or an empty stop string."""
         bad = [
             k
             for k, v in (self.model_extra or {}).items()
@@ -68,9 +71,18 @@ class _Request(Strict):
     UNSUPPORTED = _UNSUPPORTED
 
     def check(self) -> None:
+        """400 for unknown or unsupported fields and options, or a keep_alive that is no duration."""
         self.reject_extras()
         if self.options is not None:
             self.options.check()
+        self.keep()
+
+    def keep(self) -> KeepAlive:
+        """``keep_alive`` as a KeepAlive (absent: the seat's default); 400 when it is no duration."""
+        try:
+            return KeepAlive.parse(self.keep_alive)
+        except InvalidRequestError as exc:
+            raise bad_request(str(exc), param="keep_alive") from exc
 
 
 class Message(Strict):
@@ -85,6 +97,7 @@ class ChatRequest(_Request):
     top_logprobs: int | None = Field(None, ge=0, le=20)
 
     def check(self) -> None:
+        """As every Ollama request's, and each message's fields."""
         super().check()
         for message in self.messages or []:
             message.reject_extras()
@@ -103,6 +116,18 @@ class EmbedRequest(_Request):
     input: str | list[str]
     truncate: bool | None = None
 
+    def inputs(self) -> list[str]:
+        """The input text(s); 400 when there are none or one is empty."""
+        inputs = [self.input] if isinstance(self.input, str) else list(self.input)
+        if not inputs or any(not text for text in inputs):
+            raise bad_request("input must not be empty", param="input")
+        return inputs
+
+    def check(self) -> None:
+        """As every Ollama request's, and a 400 for an empty input."""
+        super().check()
+        self.inputs()
+
 
 class ShowRequest(Strict):
     UNSUPPORTED = _UNSUPPORTED
@@ -111,6 +136,7 @@ class ShowRequest(Strict):
     verbose: bool | None = None
 
     def model_name(self) -> str:
+        """``model`` or its older name ``name``; 400 for neither or for unknown fields."""
         self.reject_extras()
         name = self.model or self.name
         if not name:

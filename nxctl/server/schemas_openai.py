@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from nxctl.server.errors import APIError, bad_request
+from nxctl.server.api_errors import APIError, bad_request
 
 _UNSUPPORTED: dict[str, tuple[str, Any]] = {
     # field: (what it is, the predicate of its "not used" values)
@@ -70,6 +70,7 @@ class ChatMessage(Strict):
     content: str | list[TextPart]
 
     def text(self) -> str:
+        """The content as one text (text parts joined)."""
         if isinstance(self.content, list):
             return "".join(p.text for p in self.content)
         return self.content or ""
@@ -101,6 +102,7 @@ class SamplingFields(Strict):
     stream_options: StreamOptions | None = None
 
     def stop_strings(self) -> tuple[str, ...]:
+        """``stop`` as a tuple of at most 4 non-empty strings (else a 400)."""
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if len(stops) > 4:
             raise bad_request("stop takes at most 4 strings", param="stop")
@@ -109,6 +111,7 @@ class SamplingFields(Strict):
         return tuple(stops)
 
     def check(self) -> None:
+        """400 for unknown or unsupported fields, and stream_options without stream."""
         self.reject_extras()
         if self.stream_options is not None:
             self.stream_options.reject_extras()
@@ -124,6 +127,7 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=20)
 
     def check(self) -> None:
+        """As every sampling request's, each message's fields, and top_logprobs only with logprobs."""
         super().check()
         for message in self.messages:
             message.reject_extras()
@@ -154,6 +158,11 @@ class CompletionRequest(SamplingFields):
         """The prompt(s): texts or token id lists; 400 when empty."""
         return text_or_token_items(self.prompt, "prompt")
 
+    def check(self) -> None:
+        """As every sampling request's, and a 400 for an empty prompt."""
+        super().check()
+        self.prompts()
+
 
 class EmbeddingRequest(Strict):
     model: str = Field(min_length=1)
@@ -164,3 +173,7 @@ class EmbeddingRequest(Strict):
     def inputs(self) -> list[str | list[int]]:
         """The input(s): texts or token id lists; 400 when empty."""
         return text_or_token_items(self.input, "input")
+
+    def check(self) -> None:
+        """A 400 for an empty input."""
+        self.inputs()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engine.outputs import RequestOutput
+from engine.outputs import FinishReason, RequestOutput
 
 
 def held_back(text: str, stops: Sequence[str]) -> int:
@@ -35,7 +35,7 @@ class Delta:
     token_ids: list[int]
     logprobs: list[float]
     top_logprobs: list[list[tuple[int, float]]]
-    finish_reason: str | None
+    finish_reason: FinishReason | None
     output: RequestOutput
 
 

@@ -52,8 +52,8 @@ def test_smollm2_knows_paris(smollm2_llm: LLM) -> None:
 
 def test_blocks_all_returned(tiny_llm: LLM) -> None:
     tiny_llm.generate(["hello world"] * 5, SamplingParams(max_tokens=20, ignore_eos=True))
-    pool = tiny_llm.engine.pool
-    assert pool.num_free == pool.num_blocks
+    snap = tiny_llm.engine.snapshot()
+    assert snap.kv_blocks_used == 0 and snap.kv_blocks_free == snap.kv_blocks_total
 
 
 def test_seeded_sampling_repeats_and_other_seed_differs(tiny_llm: LLM) -> None:
@@ -98,3 +98,40 @@ def test_request_too_large_for_pool() -> None:
     llm = LLM("tiny", num_kv_blocks=4)
     with pytest.raises(CapacityError, match="pool"):
         llm.engine.add_request([5] * 60, SamplingParams(max_tokens=10))
+
+
+def test_generate_takes_one_sampling_params_per_prompt(tiny_llm: LLM) -> None:
+    prompts = ["Once upon a time", "The cat"]
+    per_prompt = [
+        SamplingParams(max_tokens=3, ignore_eos=True),
+        SamplingParams(max_tokens=7, temperature=1.0, seed=5, ignore_eos=True),
+    ]
+    outs = tiny_llm.generate(prompts, per_prompt)
+    assert [len(o.token_ids) for o in outs] == [3, 7]
+    alone = [tiny_llm.generate(p, sp)[0] for p, sp in zip(prompts, per_prompt, strict=True)]
+    assert [o.token_ids for o in outs] == [o.token_ids for o in alone]
+    with pytest.raises(InvalidRequestError, match="one per prompt"):
+        tiny_llm.generate(prompts, per_prompt[:1])
+
+
+def test_snapshot_is_a_read_only_copy(tiny_llm: LLM) -> None:
+    engine = tiny_llm.engine
+    rid = engine.add_request([5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))
+    before = engine.snapshot()
+    assert before.waiting == (rid,) and before.requests[rid].num_computed_tokens == 0
+    engine.step()
+    after = engine.snapshot()
+    assert after.running == (rid,) and after.kv_blocks_used == 1 and after.requests[rid].prefilled
+    assert before.waiting == (rid,) and before.kv_blocks_used == 0  # the old one did not move
+    with pytest.raises(TypeError):
+        after.requests[rid] = before.requests[rid]  # type: ignore[index]
+    engine.abort(rid)
+    assert engine.snapshot().kv_blocks_used == 0
+
+
+def test_embed_is_unit_length_and_checks_ids(tiny_llm: LLM) -> None:
+    vectors = tiny_llm.engine.embed([[5, 6, 7], [5, 6, 7], [9]])
+    assert vectors[0] == vectors[1] and vectors[0] != vectors[2]
+    assert abs(sum(v * v for v in vectors[2]) - 1.0) < 1e-5
+    with pytest.raises(InvalidRequestError):
+        tiny_llm.engine.embed([[]])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from engine.drive import drive
 from engine.llm_engine import LLM
 from engine.sampling_params import SamplingParams
 
@@ -17,7 +18,7 @@ def test_prefix_cache_reuses_blocks_and_keeps_output() -> None:
         a = cached.generate([prompt], GREEDY)[0]
         b = plain.generate([prompt], GREEDY)[0]
         assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
-    assert cached.engine.pool.hits == 2 * 3
+    assert cached.engine.snapshot().prefix_hits == 2 * 3
     out = cached.generate([prompts[0]], GREEDY)[0]
     assert out.num_cached_tokens == 48
 
@@ -26,7 +27,7 @@ def test_freed_cached_blocks_are_reused_when_pool_is_short() -> None:
     llm = LLM("tiny", num_kv_blocks=8)
     for i in range(6):
         llm.generate([[3 + i] * 40], GREEDY)
-    assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
+    assert llm.engine.snapshot().kv_blocks_used == 0
 
 
 def test_urgent_request_overtakes_full_batch() -> None:
@@ -38,11 +39,9 @@ def test_urgent_request_overtakes_full_batch() -> None:
     ]
     engine.step()
     urgent = engine.add_request([9, 9, 9], GREEDY, priority=-1)
-    order = []
-    while engine.has_unfinished():
-        order += [o.request_id for o in engine.step() if o.finished]
+    order = list(drive(engine).finals)  # in the order they finished
     assert order[0] == urgent and set(order[1:]) == set(slow)
-    assert engine.scheduler.num_preemptions >= 1
+    assert engine.counters.preemptions >= 1
 
 
 def test_returning_tenant_is_owed_nothing() -> None:
@@ -50,10 +49,9 @@ def test_returning_tenant_is_owed_nothing() -> None:
     engine = llm.engine
     for _ in range(3):
         engine.add_request([4, 5, 6], GREEDY, tenant="busy")
-    while engine.has_unfinished():
-        engine.step()
+    drive(engine)
     engine.add_request([4, 5, 6], GREEDY, tenant="busy")
     engine.add_request([4, 5, 6], GREEDY, tenant="newcomer")
-    served = engine.scheduler.counters.served
+    served = engine.snapshot().tenant_service
     assert served["busy"] > 0
     assert served["newcomer"] == served["busy"]  # lifted to the active tenant's count, not owed a backlog

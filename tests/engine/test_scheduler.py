@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 from engine import testing
+from engine.drive import drive
 from engine.llm_engine import LLM
 from engine.sampling_params import SamplingParams
 
@@ -16,10 +17,7 @@ def _solo(llm: LLM, prompt: list[int], params: SamplingParams = GREEDY) -> list[
 
 
 def _drain(engine) -> dict:
-    finals = {}
-    while engine.has_unfinished():
-        finals.update({o.request_id: o for o in engine.step() if o.finished})
-    return finals
+    return drive(engine).finals
 
 
 def test_admission_mid_flight_joins_running_batch() -> None:
@@ -44,11 +42,11 @@ def test_chunked_prefill_spans_steps_and_mixes_with_decodes() -> None:
     long_prompt = list(range(3, 203))
     long_id = engine.add_request(long_prompt, GREEDY)
     steps_until_first_token = 0
-    while not engine.requests[long_id].output_token_ids:
+    while not engine.snapshot().requests[long_id].num_output_tokens:
         engine.step()
         steps_until_first_token += 1
     assert steps_until_first_token >= 200 // 32
-    assert engine.stats.mixed_steps > 0
+    assert engine.counters.mixed_steps > 0
     finals = _drain(engine)
     assert finals[long_id].token_ids == _solo(llm, long_prompt)
     assert finals[short].token_ids == _solo(llm, [5, 6])
@@ -60,9 +58,10 @@ def test_preemption_and_resume_keep_outputs() -> None:
     prompts = [[rng.randrange(3, 500) for _ in range(40)] for _ in range(5)]
     solo = [_solo(llm, p, SamplingParams(max_tokens=30, ignore_eos=True)) for p in prompts]
     outs = llm.generate(prompts, SamplingParams(max_tokens=30, ignore_eos=True))
-    assert llm.engine.scheduler.num_preemptions > 0
+    snap = llm.engine.snapshot()
+    assert snap.counters.preemptions > 0
     assert [o.token_ids for o in outs] == solo
-    assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
+    assert snap.kv_blocks_used == 0
 
 
 def test_abort_frees_blocks() -> None:
@@ -70,10 +69,10 @@ def test_abort_frees_blocks() -> None:
     engine = llm.engine
     rid = engine.add_request(list(range(3, 60)), SamplingParams(max_tokens=50, ignore_eos=True))
     engine.step()
-    assert engine.pool.num_free < engine.pool.num_blocks
+    assert engine.snapshot().kv_blocks_used > 0
     out = engine.abort(rid)
     assert out is not None and out.finish_reason == "abort"
-    assert engine.pool.num_free == engine.pool.num_blocks
+    assert engine.snapshot().kv_blocks_used == 0
     assert not engine.has_unfinished()
 
 
@@ -87,20 +86,20 @@ def test_failing_request_beside_healthy_ones() -> None:
     assert finals[bad_id].finish_reason == "error" and "injected" in finals[bad_id].error
     assert finals[ok_id].finish_reason == "length"
     assert finals[ok_id].token_ids == _solo(llm, [4, 5, 6])
-    assert engine.pool.num_free == engine.pool.num_blocks
+    assert engine.snapshot().kv_blocks_used == 0
 
 
 def test_block_accounting_matches_tokens() -> None:
     llm = LLM("tiny", num_kv_blocks=64, enable_prefix_caching=False)
     engine = llm.engine
     rid = engine.add_request(list(range(3, 40)), SamplingParams(max_tokens=20, ignore_eos=True))
-    while engine.requests[rid].num_computed_tokens < 37:
-        engine.step()
-    seq = engine.requests[rid]
-    assert len(seq.block_table) == -(-seq.num_computed_tokens // 16)
-    assert engine.pool.num_used == len(seq.block_table)
+    drive(engine, until=lambda: engine.snapshot().requests[rid].num_computed_tokens >= 37)
+    snap = engine.snapshot()
+    view = snap.requests[rid]
+    assert view.num_blocks == -(-view.num_computed_tokens // 16)
+    assert snap.kv_blocks_used == view.num_blocks
     _drain(engine)
-    assert engine.pool.num_free == engine.pool.num_blocks
+    assert engine.snapshot().kv_blocks_used == 0
 
 
 def test_max_num_seqs_caps_the_batch() -> None:
@@ -109,6 +108,6 @@ def test_max_num_seqs_caps_the_batch() -> None:
     for i in range(5):
         engine.add_request([3 + i, 4, 5], GREEDY)
     engine.step()
-    assert len(engine.scheduler.running) == 2
+    assert len(engine.snapshot().running) == 2
     _drain(engine)
-    assert engine.stats.max_requests_in_step == 2
+    assert engine.counters.max_requests_in_step == 2

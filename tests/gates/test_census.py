@@ -12,30 +12,32 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gates import census_gate as census_gate_module
-from gates.census import (
+from gates.census_data import (
     FABRICATED_ROW,
     VERDICTS,
     Bench,
     CensusDataError,
     CensusRow,
+    Evidence,
+    load_bench,
+    load_rows,
+    parse_row,
+    parse_rows,
+)
+from gates.census_gate import census_gate
+from gates.census_verdicts import (
     CheckRegistry,
     Context,
-    Evidence,
     check_registry,
     cuda_available,
     evaluate_row,
-    load_bench,
-    load_rows,
     make_context,
-    parse_row,
-    parse_rows,
     path_to_sota,
     run_census,
     summarize,
 )
-from gates.census_gate import census_gate
 from gates.framework import GREEN, RED, Row, read_tsv, run_gate, write_tsv
-from gates.registry import GATE_MODULES
+from gates.gate_list import GATE_MODULES
 
 # The stable check ids the gates write (issue 7): every id the shipped rows cite must be one of them.
 STABLE_IDS = {
@@ -436,6 +438,11 @@ def test_ungrounded_path_steps_say_how_to_produce_evidence(tmp_path: Path) -> No
         ({"full": [{"check": "a.b", "min": 1}]}, "no threshold"),
         ({"full": ["a.b"]}, "must be a table"),
         ({"holds_back": 0}, "holds_back"),
+        (
+            {"full": [{"figure": "ratios.cb_invariant_vs_hf_output_thruput", "min": 1}]},
+            "not a figure the bench",
+        ),
+        ({"full": [{"figure": "cb_invariant.output_tps", "min": 1}]}, "not a figure the bench"),
     ],
 )
 def test_malformed_rows_are_rejected(patch: dict, message: str) -> None:
@@ -500,3 +507,13 @@ def test_census_gate_red_on_an_invalid_row(tmp_path: Path) -> None:
 def test_context_is_a_plain_value(tmp_path: Path) -> None:
     ctx = ctx_for(tmp_path)
     assert isinstance(ctx, Context) and ctx.bench is None and ctx.bench_path.endswith("bench.json")
+
+
+def test_every_row_cites_declared_figures_and_the_bench_writes_only_declared_ones() -> None:
+    from nxctl.bench.figures import RATIOS, is_declared
+
+    cited = [ev.figure for row in load_rows() for ev in row.evidence if ev.figure is not None]
+    assert cited and all(is_declared(f) for f in cited)
+    assert all(is_declared(f"ratios.{r.name}") for r in RATIOS)
+    assert is_declared("cb_invariant.ttft_ms.p99") and is_declared("cb_invariant_bf16.output_throughput")
+    assert not is_declared("cb_invariant.ttft_ms.p98") and not is_declared("ratios.made_up")

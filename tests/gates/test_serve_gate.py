@@ -9,13 +9,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gates.fault_proxy import Corrupter, FaultProxy
 from gates.framework import read_tsv, run_gate
 from gates.serve_gate import GATE
+from gates.serve_probe import Ask, ask, compare
 from nxctl.server.app import create_app
-from nxctl.server.faults import Corrupter, FaultProxy
-from nxctl.server.probe import Ask, ask, compare
-from nxctl.server.runner import BackgroundSeat
 from nxctl.server.settings import SeatSettings
+from nxctl.server.uvicorn_seat import BackgroundSeat
 
 NEGATIVES = ("serve.neg.corrupted_chunk", "serve.neg.dropped_request")
 

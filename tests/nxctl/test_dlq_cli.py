@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 from nxctl.commands import dlq as dlq_cmd
 from nxctl.server.app import create_app
 from nxctl.server.dlq import DeadLetterStore
-from nxctl.server.runner import BackgroundSeat
 from nxctl.server.settings import SeatSettings
+from nxctl.server.uvicorn_seat import BackgroundSeat
 
 runner = CliRunner()
 GOOD = json.dumps(

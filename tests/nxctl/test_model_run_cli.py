@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
+from engine import LLM, SamplingParams
 from nxctl.cli import app
 
 runner = CliRunner()
@@ -46,15 +47,22 @@ def test_bad_input_is_one_clear_line(args: list[str], needle: str) -> None:
     assert len(lines) == 1 and needle in lines[0], result.stderr
 
 
-def test_run_tiny_prints_text() -> None:
-    result = runner.invoke(app, ["run", "tiny", "Hello", "--max-tokens", "8"])
-    assert result.exit_code == 0
-    assert result.stdout.strip()
+GREEDY_8 = SamplingParams(max_tokens=8, temperature=0)
 
 
-def test_run_reads_prompt_from_stdin() -> None:
-    result = runner.invoke(app, ["run", "tiny", "--raw", "--max-tokens", "4"], input="Once upon")
+def test_run_tiny_prints_the_engines_chat_turn(tiny_llm: LLM) -> None:
+    result = runner.invoke(app, ["run", "tiny", "Hello", "--max-tokens", "8", "--temperature", "0"])
     assert result.exit_code == 0
+    expected = tiny_llm.chat([{"role": "user", "content": "Hello"}], GREEDY_8).text
+    assert expected and result.stdout == expected + "\n"
+
+
+def test_run_reads_a_raw_prompt_from_stdin(tiny_llm: LLM) -> None:
+    args = ["run", "tiny", "--raw", "--max-tokens", "8", "--temperature", "0"]
+    result = runner.invoke(app, args, input="Once upon")
+    assert result.exit_code == 0
+    expected = tiny_llm.generate("Once upon", GREEDY_8)[0].text
+    assert expected and result.stdout == expected + "\n"
 
 
 @pytest.mark.smollm2

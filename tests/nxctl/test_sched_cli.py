@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gates.census import load_rows
+from gates.census_data import load_rows
 from nxctl.cli import app
 
 runner = CliRunner()

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from nxctl.commands import serve as serve_cmd
 from nxctl.server.dlq import DeadLetterStore
-from nxctl.server.runner import free_socket
+from nxctl.server.uvicorn_seat import free_socket
 
 runner = CliRunner()
 SERVE = "import typer; from nxctl.commands.serve import serve; typer.run(serve)"

@@ -42,8 +42,9 @@ def test_footprint_matches_a_loaded_engine(tiny_llm) -> None:
     engine = tiny_llm.engine
     spec = ModelSpec(0, "t", source="tiny", num_kv_blocks=engine.config.num_kv_blocks, activation_bytes=0)
     f = footprint_of_spec(spec)
-    assert f.weight_bytes == engine.model.weight_bytes
-    assert f.kv_bytes == engine.kv.bytes
+    snap = engine.snapshot()
+    assert f.weight_bytes == snap.weight_bytes
+    assert f.kv_bytes == snap.kv_bytes
 
 
 def test_max_context_and_blocks() -> None:

@@ -17,7 +17,8 @@ import torch
 from engine import Engine, EngineConfig
 from engine.errors import CapacityError, InvalidRequestError
 from engine.loader import LoadedModel
-from engine.mux.pool import ModelPool, UnloadRecord, load_llm
+from engine.mux.pool import ModelPool, load_llm
+from engine.mux.records import UnloadRecord
 from engine.mux.registry import MB, ModelSpec, Registry
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -59,7 +60,7 @@ def alternate(pool: ModelPool, names: list[str], cycles: int) -> None:
         for name in names:
             with pool.use(name, timeout=60) as model:
                 assert model is not None
-                assert len(pool.resident) == 1 and pool.resident[0] == name
+                assert len(pool.resident_names) == 1 and pool.resident_names[0] == name
             del model  # the pool's reference must be the last one
 
 
@@ -143,10 +144,10 @@ def test_busy_model_makes_a_load_wait_until_release() -> None:
     waiter = threading.Thread(target=lambda: got.append(pool.acquire("b", timeout=30)))
     waiter.start()
     time.sleep(0.2)
-    assert not got and pool.resident == ("a",)  # a is serving: b waits
+    assert not got and pool.resident_names == ("a",)  # a is serving: b waits
     pool.release("a")
     waiter.join(30)
-    assert got and pool.resident == ("b",) and calls == ["a", "b"]
+    assert got and pool.resident_names == ("b",) and calls == ["a", "b"]
     pool.release("b")
 
 
@@ -188,7 +189,7 @@ def test_a_failed_load_leaves_the_pool_consistent() -> None:
     pool = ModelPool(10**9, reg, loader=broken)
     with pytest.raises(OSError, match="disk on fire"):
         pool.acquire("a")
-    assert pool.resident == () and pool.counters.loads == 0 and pool.counters.evicts == 0
+    assert pool.resident_names == () and pool.counters.loads == 0 and pool.counters.evicts == 0
 
 
 def test_close_refuses_while_busy_then_drops_everything() -> None:

@@ -9,15 +9,15 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.errors import NxError
+from engine.workload import WorkloadRequest
 from nxctl.bench.http_client import completion_payload, run_http
-from nxctl.bench.workload import BenchRequest
 from nxctl.cli import app
 
 runner = CliRunner()
 
 
 def test_payload_uses_token_ids_and_the_extension_fields() -> None:
-    body = completion_payload("tiny", BenchRequest(0, [5, 6, 7], 4, 0.0, "tenant-0"))
+    body = completion_payload("tiny", WorkloadRequest(0, [5, 6, 7], 4, 0.0, "tenant-0"))
     assert body["prompt"] == [5, 6, 7] and body["max_tokens"] == 4 and body["temperature"] == 0.0
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
     assert body["ignore_eos"] is True and body["model"] == "tiny"
@@ -25,7 +25,7 @@ def test_payload_uses_token_ids_and_the_extension_fields() -> None:
 
 def test_chunks_give_ttft_itl_and_usage(seat_double) -> None:
     url, seen, gap = seat_double.url, seat_double.seen, seat_double.gap_s
-    reqs = [BenchRequest(i, [1, 2, 3 + i], 3 + i, 0.05 * i, "tenant-0") for i in range(3)]
+    reqs = [WorkloadRequest(i, [1, 2, 3 + i], 3 + i, 0.05 * i, "tenant-0") for i in range(3)]
     counted: list[int] = []
     run = run_http(url, "tiny", reqs, concurrency=2, advance=counted.append)
     assert len(seen) == 3 and sum(counted) == 3 + 4 + 5
@@ -40,9 +40,9 @@ def test_chunks_give_ttft_itl_and_usage(seat_double) -> None:
 def test_refusals_and_unreachable_seats_are_one_clear_error(seat_double) -> None:
     url = seat_double.url
     with pytest.raises(NxError, match="HTTP 400"):
-        run_http(url, "tiny", [BenchRequest(0, [13], 2, 0.0, "t")], 1, lambda n: None)
+        run_http(url, "tiny", [WorkloadRequest(0, [13], 2, 0.0, "t")], 1, lambda n: None)
     with pytest.raises(NxError, match="cannot complete"):
-        run_http("http://127.0.0.1:9", "tiny", [BenchRequest(0, [1], 2, 0.0, "t")], 1, lambda n: None)
+        run_http("http://127.0.0.1:9", "tiny", [WorkloadRequest(0, [1], 2, 0.0, "t")], 1, lambda n: None)
 
 
 def test_cli_url_writes_the_same_metrics(seat_double, tmp_path: Path) -> None:

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from nxctl.bench.machine import WorkCount, attended_keys, model_flops, nonembedding_params
-from nxctl.bench.metrics import RequestRecord, compute_metrics, percentile, summarize_ms
 from nxctl.bench.schedules import decode_tokens_per_s
+from nxctl.bench.serving_metrics import RequestRecord, compute_metrics, percentile, summarize_ms
 
 
 def record(arrival: float, times: list[float], end: float | None = None, inp: int = 10) -> RequestRecord:

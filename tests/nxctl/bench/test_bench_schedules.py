@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from engine.config import EngineConfig
+from engine.workload import LengthRange, WorkloadSpec, make_workload
+from nxctl.bench.bench_run import BenchResult, run_bench
 from nxctl.bench.options import BenchOptions
-from nxctl.bench.runner import BenchResult, run_bench
 from nxctl.bench.schedules import make_engine, run_continuous, run_static
 from nxctl.bench.summary import aggregate, flatten, ratios, to_json
-from nxctl.bench.workload import LengthRange, WorkloadSpec, make_workload
 
 SPEC = WorkloadSpec(num_requests=5, input_len=LengthRange(4, 12), output_len=LengthRange(2, 7), seed=1)
 

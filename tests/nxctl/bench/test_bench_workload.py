@@ -7,8 +7,8 @@ import math
 import pytest
 
 from engine.errors import InvalidRequestError
+from engine.workload import LengthRange, WorkloadSpec, make_workload, parse_weights
 from nxctl.bench.options import BenchOptions
-from nxctl.bench.workload import LengthRange, WorkloadSpec, make_workload, parse_weights
 
 
 def test_length_range_parses_and_refuses() -> None:

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from nxctl.server.app import create_app
-from nxctl.server.runner import BackgroundSeat
 from nxctl.server.settings import SeatSettings
+from nxctl.server.uvicorn_seat import BackgroundSeat
 
 
 @dataclass

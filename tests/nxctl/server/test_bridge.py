@@ -5,13 +5,13 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from types import SimpleNamespace
 
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.errors import InvalidRequestError
+from engine.errors import InvalidRequestError, ShuttingDownError
 from engine.outputs import RequestOutput
+from engine.snapshot import EngineCounters, EngineSnapshot
 from nxctl.server.bridge import CoreLease, EngineLoop
 
 
@@ -60,7 +60,7 @@ def test_concurrent_submissions_equal_solo_runs(loop_llm) -> None:
     for t in threads:
         t.join()
     assert [s.final().token_ids for s in sinks] == solo
-    assert llm.engine.stats.max_requests_in_step > 1  # they really shared batches
+    assert llm.engine.counters.max_requests_in_step > 1  # they really shared batches
 
 
 def test_abort_frees_blocks_and_ends_with_abort(loop_llm) -> None:
@@ -75,10 +75,11 @@ def test_abort_frees_blocks_and_ends_with_abort(loop_llm) -> None:
     final = sink.final()
     assert final.finish_reason == "abort"
     deadline = time.monotonic() + 10
-    while llm.engine.requests and time.monotonic() < deadline:
+    while llm.engine.snapshot().requests and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert llm.engine.requests == {}
-    assert llm.engine.pool.num_used == 0  # every block back in the pool
+    snap = llm.engine.snapshot()
+    assert not snap.requests
+    assert snap.kv_blocks_used == 0  # every block back in the pool
     assert loop.pending == 0
 
 
@@ -95,9 +96,9 @@ def test_invalid_request_reaches_the_sink_and_the_loop_goes_on(loop_llm) -> None
 def test_idle_loop_waits_instead_of_spinning(loop_llm) -> None:
     loop, llm = loop_llm
     time.sleep(0.2)
-    steps = llm.engine.stats.steps
+    steps = llm.engine.counters.steps
     time.sleep(0.3)
-    assert llm.engine.stats.steps == steps  # no steps while idle: it waits on its condition
+    assert llm.engine.counters.steps == steps  # no steps while idle: it waits on its condition
 
 
 class BrokenEngine:
@@ -105,9 +106,9 @@ class BrokenEngine:
 
     def __init__(self) -> None:
         self.requests: dict[str, RequestOutput] = {}
-        self.scheduler = SimpleNamespace(running=[], waiting=[], num_preemptions=0)
-        self.pool = SimpleNamespace(usage=0.0, queries=0, hits=0, block_size=16)
-        self.stats = SimpleNamespace(steps=0)
+
+    def snapshot(self) -> EngineSnapshot:
+        return EngineSnapshot((), (), {}, 16, 8, 0, 0, 0, {}, EngineCounters(), 0, 0)
 
     def add_request(self, ids, params, request_id, priority=0, tenant=None) -> str:
         self.requests[request_id] = RequestOutput(request_id, list(ids), [], "")
@@ -153,7 +154,7 @@ def test_stop_aborts_in_flight_requests() -> None:
     loop.stop()
     assert sink.final().finish_reason == "abort"
     assert not loop.alive
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ShuttingDownError):
         loop.submit([1], SamplingParams(), QueueSink())
 
 

@@ -8,7 +8,7 @@ import typer
 from typer.testing import CliRunner
 
 from nxctl.commands import chat as chat_cmd
-from nxctl.server.runner import free_socket
+from nxctl.server.uvicorn_seat import free_socket
 
 
 def test_chat_keeps_the_conversation_and_streams_each_reply(seat) -> None:

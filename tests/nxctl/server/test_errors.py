@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from nxctl.server.app import create_app
-from nxctl.server.runner import BackgroundSeat
+from nxctl.server.uvicorn_seat import BackgroundSeat
 
 USER = [{"role": "user", "content": "hi"}]
 CASES = [

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from engine.errors import CapacityError, ModelFileError, UnknownModelError
+from engine.errors import CapacityError, ModelFileError, ShuttingDownError, UnknownModelError
 from engine.loader.sources import FIXTURES
 from engine.mux.footprint import footprint_of_spec
 from engine.mux.registry import ModelSpec, Registry
@@ -141,7 +141,7 @@ def test_close_stops_every_loop_and_refuses_more() -> None:
     host.release("a")
     host.close()
     assert seat.loop.stopped
-    with pytest.raises(CapacityError, match="shutting down"):
+    with pytest.raises(ShuttingDownError, match="closed"):
         host.acquire("a")
 
 

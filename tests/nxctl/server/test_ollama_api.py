@@ -10,7 +10,7 @@ import ollama
 import pytest
 
 from nxctl.server.app import create_app
-from nxctl.server.runner import BackgroundSeat
+from nxctl.server.uvicorn_seat import BackgroundSeat
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 GREEDY = {"temperature": 0, "num_predict": 8}

@@ -8,6 +8,8 @@ import httpx
 import openai
 import pytest
 
+from engine import SamplingParams
+
 MESSAGES = [{"role": "user", "content": "Say something."}]
 
 
@@ -86,18 +88,19 @@ def test_logprobs_and_top_logprobs(client: openai.OpenAI) -> None:
         assert isinstance(entry.bytes, list)
 
 
-def test_penalties_and_user_are_accepted(client: openai.OpenAI) -> None:
-    r = client.chat.completions.create(
-        model="tiny",
-        messages=MESSAGES,
-        max_tokens=6,
-        temperature=0,
-        presence_penalty=0.5,
-        frequency_penalty=0.5,
-        top_p=0.9,
-        user="alice",
-    )
-    assert r.choices[0].finish_reason in ("stop", "length")
+def test_penalties_change_the_answer_as_the_engine_specifies(client: openai.OpenAI, tiny_llm) -> None:
+    def answer(**penalties: float) -> str:
+        r = client.chat.completions.create(
+            model="tiny", messages=MESSAGES, max_tokens=24, temperature=0, user="alice", **penalties
+        )
+        assert r.choices[0].finish_reason in ("stop", "length")
+        return r.choices[0].message.content or ""
+
+    penalized = SamplingParams(max_tokens=24, temperature=0, presence_penalty=0.5, frequency_penalty=0.5)
+    expected = tiny_llm.chat(MESSAGES, penalized)  # the engine's own penalties, without the seat
+    assert answer(presence_penalty=0.5, frequency_penalty=0.5) == expected.text
+    assert answer() != expected.text  # the greedy answer repeats itself; the penalties changed it
+    assert len(set(expected.token_ids)) == len(expected.token_ids)
 
 
 def test_text_completions_streaming_and_not_with_logprobs(client: openai.OpenAI) -> None:
@@ -162,4 +165,4 @@ def test_32_concurrent_streams_each_equal_their_solo_output(seat) -> None:
     solo, together = asyncio.run(run())
     assert together == solo
     assert len({text for text, _ in solo}) > 16  # different prompts, different answers
-    assert seat.engine.stats.max_requests_in_step > 1  # and they did share batches
+    assert seat.engine.counters.max_requests_in_step > 1  # and they did share batches

@@ -17,7 +17,7 @@ from nxctl.server.app import create_app
 from nxctl.server.bridge import CoreLease
 from nxctl.server.dlq import DeadLetterStore
 from nxctl.server.models import make_loader
-from nxctl.server.runner import BackgroundSeat
+from nxctl.server.uvicorn_seat import BackgroundSeat
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -32,8 +32,8 @@ def wait_until(condition, timeout: float = 10.0) -> bool:
 
 
 def idle(seat) -> bool:
-    engine = seat.engine
-    return not engine.requests and engine.pool.num_used == 0
+    snap = seat.engine.snapshot()
+    return not snap.requests and snap.kv_blocks_used == 0
 
 
 def test_a_streaming_client_that_disconnects_is_aborted_and_its_blocks_freed(seat) -> None:
@@ -41,7 +41,7 @@ def test_a_streaming_client_that_disconnects_is_aborted_and_its_blocks_freed(sea
     with httpx.stream("POST", seat.url + "/v1/chat/completions", json=body, timeout=30) as r:
         lines = r.iter_lines()
         next(lines), next(lines), next(lines)
-        assert seat.engine.requests  # it is running
+        assert seat.engine.snapshot().requests  # it is running
     assert wait_until(lambda: idle(seat)), "the request was not aborted"
 
 
@@ -53,7 +53,7 @@ def test_a_waiting_client_that_disconnects_is_aborted_too(tmp_path: Path, tiny_s
         with lease, pytest.raises(httpx.ReadTimeout):
             httpx.post(url + "/api/chat", json=body, timeout=httpx.Timeout(30, read=0.3))
         engine = app.state.seat.host.loaded("tiny").loop.engine
-        assert wait_until(lambda: not engine.requests and engine.pool.num_used == 0), (
+        assert wait_until(lambda: not engine.snapshot().requests and engine.snapshot().kv_blocks_used == 0), (
             "the request was not aborted"
         )
 

@@ -9,8 +9,8 @@ import openai
 import pytest
 
 from nxctl.server.app import create_app
-from nxctl.server.runner import BackgroundSeat
 from nxctl.server.settings import SeatSettings
+from nxctl.server.uvicorn_seat import BackgroundSeat
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 

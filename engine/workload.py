@@ -1,18 +1,25 @@
-"""The bench workload: random-token prompts, drawn output lengths, Poisson arrivals, tenants.
+"""The one workload generator: random-token prompts, drawn output lengths and sampling settings,
+Poisson arrivals, tenants. The bench, the gates and the tests all draw their requests here.
 
-Like vLLM's random dataset: each prompt is ``shared_prefix`` tokens common to every request followed by
-its own random tokens (a drawn input length), each output runs to its drawn length (``ignore_eos``).
-Arrivals: all at time 0 when the rate is infinite, else a Poisson process (exponential gaps of mean
-1/rate), the first request at time 0.
+Like vLLM's random dataset: a prompt is ``shared_prefix`` tokens common to the requests that carry it
+(a ``prefix_fraction`` of them, all by default) followed by its own random tokens (a drawn input
+length). ``sampling="greedy"``: each output runs to its drawn length (temperature 0, ``ignore_eos``);
+``"mixed"``: seeded temperature / top-k / top-p / min-p draws, EOS honoured or not, top logprobs
+sometimes asked, the drawn length as max_tokens. Arrivals: all at 0 when the rate is infinite, else a
+Poisson process (exponential gaps of mean 1/rate), the first at 0; the unit of time is the caller's
+clock (seconds for the bench, engine steps for the gates: see engine.drive).
 """
 
 from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
+from engine.drive import Arrival
 from engine.errors import InvalidRequestError
+from engine.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,10 @@ class WorkloadSpec:
     shared_prefix: int = 0
     tenants: int = 1
     tenant_weights: tuple[float, ...] = ()
+    prefix_fraction: float = 1.0  # the share of requests whose prompt starts with the shared prefix
+    sampling: Literal["greedy", "mixed"] = "greedy"
+    extremes: bool = False  # the first two requests take the shortest and the longest input length
+    token_floor: int = 0  # prompt token ids are drawn from [token_floor, vocab)
 
     def __post_init__(self) -> None:
         if self.num_requests < 1:
@@ -74,6 +85,8 @@ class WorkloadSpec:
             )
         if any(not (w > 0 and math.isfinite(w)) for w in self.tenant_weights):
             raise InvalidRequestError("--tenant-weights must all be positive numbers")
+        if not 0.0 <= self.prefix_fraction <= 1.0:
+            raise InvalidRequestError(f"the prefix fraction must be in [0, 1], got {self.prefix_fraction}")
 
     @property
     def max_total_tokens(self) -> int:
@@ -81,15 +94,44 @@ class WorkloadSpec:
         return self.shared_prefix + self.input_len.high + self.output_len.high
 
 
+def _greedy(output_len: int) -> SamplingParams:
+    return SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+
+
 @dataclass(frozen=True)
-class BenchRequest:
-    """One request of the workload. ``arrival_s``: seconds after the run starts."""
+class WorkloadRequest:
+    """One request of the workload. ``arrival_s``: time after the run starts, in the caller's clock."""
 
     index: int
     prompt_token_ids: list[int]
     output_len: int
     arrival_s: float
     tenant: str
+    params: SamplingParams = field(default=None)  # type: ignore[assignment]  # set in __post_init__
+
+    def __post_init__(self) -> None:
+        if self.params is None:
+            object.__setattr__(self, "params", _greedy(self.output_len))
+
+    def arrival(self) -> Arrival:
+        """This request as an engine.drive Arrival (its index as request id)."""
+        return Arrival(
+            self.prompt_token_ids, self.params, self.arrival_s, str(self.index), tenant=self.tenant
+        )
+
+
+def _mixed_params(rng: random.Random, output_len: int) -> SamplingParams:
+    """Seeded sampling settings drawn over the engine's whole sampler surface."""
+    return SamplingParams(
+        max_tokens=output_len,
+        temperature=rng.choice([0.0, 0.0, 0.6, 1.0, 1.4]),
+        top_k=rng.choice([0, 0, 3, 50]),
+        top_p=rng.choice([1.0, 1.0, 0.9, 0.5]),
+        min_p=rng.choice([0.0, 0.0, 0.05]),
+        seed=rng.randrange(2**31),
+        ignore_eos=rng.random() < 0.7,
+        logprobs=rng.choice([0, 0, 3]),
+    )
 
 
 def parse_weights(text: str | None) -> tuple[float, ...]:
@@ -102,7 +144,7 @@ def parse_weights(text: str | None) -> tuple[float, ...]:
         raise InvalidRequestError(f"--tenant-weights must be comma-separated numbers, got {text!r}") from None
 
 
-def make_workload(spec: WorkloadSpec, vocab_size: int, context: int) -> list[BenchRequest]:
+def make_workload(spec: WorkloadSpec, vocab_size: int, context: int) -> list[WorkloadRequest]:
     """The requests, in arrival order; InvalidRequestError when the longest cannot fit ``context``."""
     if spec.max_total_tokens > context:
         raise InvalidRequestError(
@@ -110,7 +152,7 @@ def make_workload(spec: WorkloadSpec, vocab_size: int, context: int) -> list[Ben
             f"over the model's context of {context}"
         )
     rng = random.Random(spec.seed)
-    prefix = [rng.randrange(vocab_size) for _ in range(spec.shared_prefix)]
+    prefix = [rng.randrange(spec.token_floor, vocab_size) for _ in range(spec.shared_prefix)]
     weights = list(spec.tenant_weights) or [1.0] * spec.tenants
     arrival = 0.0
     requests = []
@@ -118,8 +160,12 @@ def make_workload(spec: WorkloadSpec, vocab_size: int, context: int) -> list[Ben
         if i and math.isfinite(spec.rate):
             arrival += rng.expovariate(spec.rate)
         n_in = rng.randint(spec.input_len.low, spec.input_len.high)
+        if spec.extremes and i < 2:
+            n_in = (spec.input_len.low, spec.input_len.high)[i]
         n_out = rng.randint(spec.output_len.low, spec.output_len.high)
-        prompt = prefix + [rng.randrange(vocab_size) for _ in range(n_in)]
+        shared = prefix if spec.prefix_fraction >= 1.0 or rng.random() < spec.prefix_fraction else []
+        prompt = shared + [rng.randrange(spec.token_floor, vocab_size) for _ in range(n_in)]
         tenant = rng.choices(range(spec.tenants), weights)[0]
-        requests.append(BenchRequest(i, prompt, n_out, arrival, f"tenant-{tenant}"))
+        params = _mixed_params(rng, n_out) if spec.sampling == "mixed" else _greedy(n_out)
+        requests.append(WorkloadRequest(i, prompt, n_out, arrival, f"tenant-{tenant}", params))
     return requests

@@ -10,9 +10,17 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from engine.errors import CapacityError, InvalidRequestError, NxError, UnknownModelError
+from engine.errors import (
+    CapacityError,
+    InvalidRequestError,
+    NxError,
+    ShuttingDownError,
+    UnknownModelError,
+    WaitTimeoutError,
+)
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
+RETRY_AFTER_S = "5"  # what a 503 for a wait that timed out, or a seat that stops, asks the client to wait
 
 
 class APIError(Exception):
@@ -38,12 +46,14 @@ class APIError(Exception):
 
     @property
     def kind(self) -> str:
+        """OpenAI's error ``type`` for this status."""
         if self.status >= 500:
             return "server_error"
         return _TYPES.get(self.status, "invalid_request_error")
 
 
 def is_ollama_path(path: str) -> bool:
+    """Whether ``path`` belongs to the Ollama API (its errors are ``{"error": "message"}``)."""
     return path.startswith("/api/")
 
 
@@ -55,6 +65,7 @@ def error_body(path: str, err: APIError) -> dict[str, Any]:
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:
+    """A 400 naming the offending ``param`` when there is one."""
     return APIError(400, message, param=param)
 
 
@@ -69,11 +80,19 @@ def from_validation(exc: ValidationError) -> APIError:
 
 
 def from_engine(exc: Exception) -> APIError:
-    """A typed engine error as an APIError: bad parameters are the client's, the rest the server's."""
+    """A typed engine error as an APIError: bad parameters are the client's, a wait that timed out or a
+    seat that stops is a 503 to retry, the rest the server's."""
     if isinstance(exc, UnknownModelError):
         return APIError(404, str(exc).strip("'\""), code="model_not_found")
+    if isinstance(exc, WaitTimeoutError | ShuttingDownError):
+        return APIError(503, str(exc), headers={"Retry-After": RETRY_AFTER_S})
     if isinstance(exc, InvalidRequestError | CapacityError):
         return bad_request(str(exc))
     if isinstance(exc, NxError):
         return APIError(500, f"{type(exc).__name__}: {exc}", dead_letter=True)
     return APIError(500, f"internal error: {type(exc).__name__}: {exc}", dead_letter=True)
+
+
+def as_api_error(exc: Exception) -> APIError:
+    """``exc`` itself when it is an APIError, else its translation (``from_engine``)."""
+    return exc if isinstance(exc, APIError) else from_engine(exc)

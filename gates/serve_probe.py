@@ -119,10 +119,15 @@ def _usage(answer: Answer, usage: Any) -> None:
         answer.completion_tokens = c
 
 
+def _whole_body(answer: Answer, text: str, ctype: str) -> dict[str, Any] | None:
+    """A non-streamed answer's body: JSON content type and a JSON object, or None (a problem noted)."""
+    _need(answer, ctype.startswith("application/json"), f"content type {ctype!r}")
+    return _json(answer, text)
+
+
 def _openai(request: Ask, answer: Answer, text: str, ctype: str) -> None:
     if not request.stream:
-        _need(answer, ctype.startswith("application/json"), f"content type {ctype!r}")
-        data = _json(answer, text)
+        data = _whole_body(answer, text, ctype)
         if data is None:
             return
         _need(answer, data.get("object") == "chat.completion", f"object {data.get('object')!r}")
@@ -135,6 +140,7 @@ def _openai(request: Ask, answer: Answer, text: str, ctype: str) -> None:
             answer, isinstance(choices, list) and len(choices) == 1, "choices: expected exactly one"
         ):
             return
+        assert isinstance(choices, list)
         choice = choices[0]
         message = choice.get("message") or {}
         _need(answer, choice.get("index") == 0 and message.get("role") == "assistant", "index / role")
@@ -151,7 +157,10 @@ def _openai(request: Ask, answer: Answer, text: str, ctype: str) -> None:
         answer, bool(events) and events[-1] == "data: [DONE]", "stream does not end with data: [DONE]"
     ):
         return
-    parts, ids, finished, usage = [], set(), [], None
+    parts: list[str] = []
+    ids: set[object] = set()
+    finished: list[str] = []
+    usage = None
     for n, line in enumerate(events[:-1]):
         if not _need(answer, line.startswith("data: "), f"line {n} is not an SSE data line: {line[:60]!r}"):
             return
@@ -178,7 +187,7 @@ def _openai(request: Ask, answer: Answer, text: str, ctype: str) -> None:
             _need(answer, not finished, f"chunk {n} comes after the finish reason")
             parts.append(content or "")
             if choice.get("finish_reason") is not None:
-                finished.append(choice["finish_reason"])
+                finished.append(str(choice["finish_reason"]))
     _need(answer, len(ids) == 1, f"chunks carry {len(ids)} different ids")
     if _need(answer, len(finished) == 1 and finished[0] in FINISH, f"finish reasons {finished}"):
         answer.finish_reason = finished[0]
@@ -216,8 +225,7 @@ def _ollama_final(answer: Answer, chunk: dict[str, Any]) -> None:
 
 def _ollama(request: Ask, answer: Answer, text: str, ctype: str) -> None:
     if not request.stream:
-        _need(answer, ctype.startswith("application/json"), f"content type {ctype!r}")
-        data = _json(answer, text)
+        data = _whole_body(answer, text, ctype)
         if data is None:
             return
         content = _ollama_chunk(request, answer, data, 0)

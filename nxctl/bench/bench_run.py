@@ -16,10 +16,10 @@ import torch
 
 from engine.config import EngineConfig, ModelConfig, parse_dtype, resolve_device
 from engine.loader import LoadedModel, load_config, load_model, resolve_model
+from engine.workload import WorkloadRequest, make_workload
 from nxctl.bench import agreement
 from nxctl.bench.http_client import run_http
 from nxctl.bench.machine import matmul_peak_gflops, model_flops, peak_rss_mb
-from nxctl.bench.metrics import compute_metrics
 from nxctl.bench.options import SEQUENTIAL_SUBSET, BenchOptions
 from nxctl.bench.peer_hf import load_hf_model, run_hf
 from nxctl.bench.schedules import (
@@ -30,7 +30,7 @@ from nxctl.bench.schedules import (
     run_continuous,
     run_static,
 )
-from nxctl.bench.workload import BenchRequest, make_workload
+from nxctl.bench.serving_metrics import compute_metrics
 
 StartTask = Callable[[str, int], Advance]  # (description, total requested tokens) -> advance
 
@@ -58,7 +58,7 @@ class BenchResult:
 class _Context:
     opts: BenchOptions
     loaded: LoadedModel
-    requests: list[BenchRequest]
+    requests: list[WorkloadRequest]
     device: torch.device
     peaks: dict[str, float]
     hf_model: Any
@@ -89,7 +89,7 @@ def _measured(ctx: _Context, name: str, run: ScheduleRun, dtype: str) -> dict[st
     return metrics
 
 
-def _requested(requests: list[BenchRequest]) -> int:
+def _requested(requests: list[WorkloadRequest]) -> int:
     return sum(r.output_len for r in requests)
 
 
@@ -131,18 +131,22 @@ def _single(ctx: _Context, label: str) -> dict[str, Any]:
     result: dict[str, Any] = {
         "output_len": req.output_len,
         "invariant_decode_tps": decode_tokens_per_s(ours.records[0]),
-        "invariant_ttft_ms": ours.records[0].ttft * 1000,
+        "invariant_ttft_ms": _ms(ours.records[0].ttft),
     }
     if ctx.hf_model is not None:
         peer = run_hf(ctx.hf_model, [req], 1, advance)
         result["hf_decode_tps"] = decode_tokens_per_s(peer.records[0])
-        result["hf_ttft_ms"] = peer.records[0].ttft * 1000
+        result["hf_ttft_ms"] = _ms(peer.records[0].ttft)
     return result
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
 
 
 def _warm_up(ctx: _Context) -> None:
     """A short request through each engine kind and the peer: first-call costs stay out of the timings."""
-    req = BenchRequest(0, ctx.requests[0].prompt_token_ids[:16], 2, 0.0, "warm-up")
+    req = WorkloadRequest(0, ctx.requests[0].prompt_token_ids[:16], 2, 0.0, "warm-up")
     configs = [ctx.engine_config(), ctx.engine_config(batch_invariant=False)]
     if ctx.opts.compare_dtype:
         configs.append(ctx.engine_config(dtype=ctx.opts.compare_dtype))
@@ -156,7 +160,7 @@ def _dtype_agreement(ctx: _Context) -> dict[str, float]:
     """bf16-vs-f32 style agreement of the run dtype with --compare-dtype (first repeat's tokens)."""
     opts = ctx.opts
     ours, base = ctx.tokens.get("cb_invariant"), ctx.tokens.get(opts.compare_schedule or "")
-    if ours is None or base is None:
+    if ours is None or base is None or opts.compare_dtype is None:
         return {}
     prompts = [r.prompt_token_ids for r in ctx.requests]
     tf = agreement.teacher_forced_agreement(ctx.loaded, opts.dtype, opts.compare_dtype, prompts, base)

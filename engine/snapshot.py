@@ -1,0 +1,92 @@
+"""EngineSnapshot: a typed, read-only view of an Engine between two steps.
+
+The seat, the gates, the bench and the tests read the engine's state only through
+``Engine.snapshot()``: queues, KV blocks, prefix-cache and preemption counters, per-tenant service.
+A snapshot is a copy: it never changes after it is taken and holding it holds nothing of the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from engine.outputs import FinishReason
+from engine.sequence import Status
+
+
+@dataclass(frozen=True)
+class RequestView:
+    """One request as of the snapshot (counts only; its outputs come from ``Engine.step``)."""
+
+    request_id: str
+    state: Status
+    priority: int
+    tenant: str
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_computed_tokens: int
+    num_cached_tokens: int
+    num_blocks: int  # KV blocks its block table holds now
+    num_preemptions: int
+    finish_reason: FinishReason | None
+
+    @property
+    def finished(self) -> bool:
+        return self.state is Status.FINISHED
+
+    @property
+    def prefilled(self) -> bool:
+        """Its whole prompt is in the KV cache (it is decoding or done)."""
+        return self.num_computed_tokens >= self.num_prompt_tokens
+
+
+@dataclass(frozen=True)
+class EngineCounters:
+    """Counters over the engine's life (monotonic)."""
+
+    steps: int = 0
+    tokens_computed: int = 0
+    tokens_generated: int = 0
+    max_requests_in_step: int = 0
+    mixed_steps: int = 0  # steps that ran decodes and prefill chunks together
+    joins_mid_flight: int = 0  # requests admitted while others were already running
+    chunked_prompts: int = 0  # requests whose prompt took more than one step
+    preemptions: int = 0  # requests preempted by recompute (each time)
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """The engine between two steps. Invariant: ``kv_blocks_used + kv_blocks_free == kv_blocks_total``.
+
+    ``waiting`` / ``running`` hold request ids in queue order; ``requests`` every request the engine
+    still knows (finished ones until ``release_finished``). Prefix-cache figures count blocks.
+    """
+
+    waiting: tuple[str, ...]
+    running: tuple[str, ...]
+    requests: Mapping[str, RequestView]
+    block_size: int
+    kv_blocks_total: int
+    kv_blocks_used: int
+    prefix_queries: int  # blocks looked up in the prefix cache
+    prefix_hits: int  # of those, blocks found
+    tenant_service: Mapping[str, float]  # weighted tokens served per tenant (VTC)
+    counters: EngineCounters
+    weight_bytes: int
+    kv_bytes: int
+
+    def __post_init__(self) -> None:
+        assert 0 <= self.kv_blocks_used <= self.kv_blocks_total, "KV block counts out of range"
+
+    @property
+    def kv_blocks_free(self) -> int:
+        return self.kv_blocks_total - self.kv_blocks_used
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of the KV pool in use (0..1)."""
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)

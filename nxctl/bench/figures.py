@@ -1,0 +1,109 @@
+"""The bench's figures, declared once. The JSON's flat ``figures`` are named from these declarations
+(``summary.to_json`` refuses to write an undeclared name) and the census refuses to load a row that cites
+an undeclared figure, so renaming a figure on one side fails loudly instead of turning a row "missing".
+
+Names: ``<schedule>.<metric>`` (latency metrics with ``.mean`` / ``.median`` / ``.p99``),
+``<schedule>.tenant_output_tokens.<tenant>``, ``ratios.<ratio>``, ``agreement.<measure>``,
+``machine.peak_gflops.<dtype>`` and ``peak_rss_mb``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from nxctl.bench.options import SCHEDULES, SHORT_DTYPE
+
+RUN_METRICS = (
+    "duration",
+    "completed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "achieved_gflops",
+    "peak_fraction",
+    "requests_run",
+    "output_len",
+    "concurrency",
+    # engine counters
+    "steps",
+    "tokens_computed",
+    "preemptions",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "max_requests_in_step",
+)
+LATENCY_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
+LATENCY_STATS = ("mean", "median", "p99")
+SINGLE_METRICS = ("invariant_decode_tps", "invariant_ttft_ms", "hf_decode_tps", "hf_ttft_ms")
+AGREEMENT = ("greedy_agreement", "teacher_forced_top1_agreement")
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """``ratios.<name>`` = ``numerator`` of schedule ``over`` / ``denominator`` of schedule ``under``,
+    per repeat. A metric is a key of a schedule's run, dotted for a nested one (``ttft_ms.mean``)."""
+
+    name: str
+    over: str
+    numerator: str
+    under: str
+    denominator: str
+
+
+RATIOS = (
+    Ratio(
+        "cb_invariant_vs_hf_output_throughput", "cb_invariant", "output_throughput", "hf", "output_throughput"
+    ),
+    Ratio(
+        "cb_invariant_vs_fast_output_throughput",
+        "cb_invariant",
+        "output_throughput",
+        "cb_fast",
+        "output_throughput",
+    ),
+    Ratio("single_invariant_vs_hf_decode_tps", "single", "invariant_decode_tps", "single", "hf_decode_tps"),
+    # mean TTFT without the prefix cache / with it (--shared-prefix)
+    Ratio("prefix_cache_ttft_speedup", "cb_nocache", "ttft_ms.mean", "cb_invariant", "ttft_ms.mean"),
+)
+
+
+def dtype_ratio(run_dtype: str, compare_dtype: str) -> Ratio:
+    """--compare-dtype's ratio: cb_invariant at the run's dtype over cb_invariant at the other."""
+    a, b = SHORT_DTYPE[run_dtype], SHORT_DTYPE[compare_dtype]
+    return Ratio(
+        f"{a}_vs_{b}_invariant_output_throughput",
+        "cb_invariant",
+        "output_throughput",
+        f"cb_invariant_{b}",
+        "output_throughput",
+    )
+
+
+def _alternatives(names: tuple[str, ...] | list[str]) -> str:
+    return "|".join(re.escape(n) for n in names)
+
+
+_DTYPES = _alternatives(list(SHORT_DTYPE.values()))
+URL_SCHEDULE = "url"  # --url: a running seat measured over HTTP
+_SCHEDULE = rf"(?:{_alternatives((*SCHEDULES, URL_SCHEDULE))}|cb_invariant_(?:{_DTYPES}))"
+_PATTERN = re.compile(
+    "|".join(
+        (
+            rf"{_SCHEDULE}\.(?:{_alternatives(RUN_METRICS + SINGLE_METRICS)})",
+            rf"{_SCHEDULE}\.(?:{_alternatives(LATENCY_METRICS)})\.(?:{_alternatives(LATENCY_STATS)})",
+            rf"{_SCHEDULE}\.tenant_output_tokens\.[\w.-]+",
+            rf"ratios\.(?:{_alternatives([r.name for r in RATIOS])}|(?:{_DTYPES})_vs_(?:{_DTYPES})_invariant_output_throughput)",
+            rf"agreement\.(?:{_alternatives(AGREEMENT)})",
+            rf"machine\.peak_gflops\.(?:{_alternatives(list(SHORT_DTYPE))})",
+            r"peak_rss_mb",
+        )
+    )
+)
+
+
+def is_declared(figure: str) -> bool:
+    """Whether ``figure`` is a name the bench can write."""
+    return _PATTERN.fullmatch(figure) is not None

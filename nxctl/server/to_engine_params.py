@@ -1,0 +1,255 @@
+"""Stage 2 of a request: the API's fields as engine work, prompt token ids and SamplingParams.
+
+OpenAI defaults: temperature 1, top_p 1, no top_k; a prompt plus max_tokens beyond the context is a 400.
+Ollama defaults: temperature 0.8, top_k 40, top_p 0.9, repeat_penalty 1.1 (applied over the whole
+context: there is no repeat_last_n window); num_predict -1 / -2 mean "until the context is full".
+Without a limit, both generate at most the seat's default max tokens (and never past the context).
+With ``n`` choices and a seed, choice i samples with seed + i (reproducible, yet not all alike).
+Ollama truncates a prompt longer than its context: oldest turns first, system messages kept (chat), or
+the prompt's oldest tokens (generate).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from engine.errors import InvalidRequestError
+from engine.sampling_params import SamplingParams
+from nxctl.server.api_errors import bad_request
+from nxctl.server.host import SeatModel
+from nxctl.server.schemas_ollama import OLLAMA_DEFAULTS, ChatRequest, EmbedRequest, GenerateRequest, Options
+from nxctl.server.schemas_openai import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    SamplingFields,
+)
+from nxctl.server.settings import DEFAULT_NUM_CTX
+from nxctl.server.tokens import chat_prompt_ids, fit_messages
+
+
+@dataclass(frozen=True)
+class Job:
+    """One engine request: a prompt and how to sample it."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one HTTP request asks of the engine: its jobs (job index = choice index) and its prompt
+    tokens (counted once per prompt, not once per choice)."""
+
+    jobs: list[Job]
+    prompt_tokens: int
+
+
+# ---- checks --------------------------------------------------------------------------------------
+def check_prompt(prompt_len: int, context: int) -> None:
+    """400 when the prompt leaves no room to generate in the model's context."""
+    if prompt_len >= context:
+        raise bad_request(
+            f"this model's maximum context length is {context} tokens; the prompt has {prompt_len} tokens",
+            param="messages",
+        )
+
+
+def check_ids(ids: list[int], vocab_size: int) -> None:
+    """400 when a token id is outside the model's vocabulary."""
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise bad_request(f"token ids must be in [0, {vocab_size}); got {bad[0]}", param="prompt")
+
+
+async def _item_ids(model: SeatModel, item: str | list[int], what: str, param: str) -> list[int]:
+    """A text (encoded off the event loop) or a list of token ids, checked: not empty, in the vocabulary."""
+    ids = await asyncio.to_thread(model.tokenizer.encode, item) if isinstance(item, str) else list(item)
+    if not ids:
+        raise bad_request(f"{what} encodes to no tokens", param=param)
+    check_ids(ids, model.llm.model_config.vocab_size)
+    return ids
+
+
+# ---- OpenAI --------------------------------------------------------------------------------------
+def openai_params(
+    req: SamplingFields, prompt_len: int, context: int, default_max: int, logprobs: int | None
+) -> list[SamplingParams]:
+    """One SamplingParams per choice (``n``), OpenAI's defaults filled in; 400 on anything invalid."""
+    check_prompt(prompt_len, context)
+    room = context - prompt_len
+    asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    if asked is not None and asked > room:
+        raise bad_request(
+            f"max_tokens is too large: the prompt has {prompt_len} tokens and max_tokens is {asked}, "
+            f"together more than this model's context of {context} tokens",
+            param="max_tokens",
+        )
+    try:
+        return [
+            SamplingParams(
+                max_tokens=asked if asked is not None else min(default_max, room),
+                temperature=1.0 if req.temperature is None else req.temperature,
+                top_p=1.0 if req.top_p is None else req.top_p,
+                top_k=max(req.top_k or 0, 0),
+                min_p=req.min_p or 0.0,
+                seed=None if req.seed is None else req.seed + i,
+                stop=req.stop_strings(),
+                ignore_eos=bool(req.ignore_eos),
+                repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+                presence_penalty=req.presence_penalty or 0.0,
+                frequency_penalty=req.frequency_penalty or 0.0,
+                logprobs=logprobs,
+            )
+            for i in range(req.n or 1)
+        ]
+    except InvalidRequestError as exc:
+        raise bad_request(str(exc)) from exc
+
+
+async def chat_work(req: ChatCompletionRequest, model: SeatModel, default_max: int) -> Work:
+    """/v1/chat/completions: the messages through the chat template, ``n`` jobs on that prompt."""
+    messages = [
+        {"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages
+    ]
+    try:
+        ids = await asyncio.to_thread(chat_prompt_ids, model.tokenizer, messages)
+    except InvalidRequestError as exc:
+        raise bad_request(str(exc), param="messages") from exc
+    top = (req.top_logprobs or 0) if req.logprobs else None
+    params = openai_params(req, len(ids), model.context_tokens, default_max, top)
+    return Work([Job(ids, p) for p in params], len(ids))
+
+
+async def completion_work(req: CompletionRequest, model: SeatModel, default_max: int) -> Work:
+    """/v1/completions: ``n`` jobs per prompt (a text or token ids), in prompt order."""
+    jobs: list[Job] = []
+    prompt_tokens = 0
+    for prompt in req.prompts():
+        ids = await _item_ids(model, prompt, "the prompt", "prompt")
+        prompt_tokens += len(ids)
+        params = openai_params(req, len(ids), model.context_tokens, default_max, req.logprobs)
+        jobs.extend(Job(ids, p) for p in params)
+    return Work(jobs, prompt_tokens)
+
+
+async def embedding_ids(req: EmbeddingRequest, model: SeatModel) -> list[list[int]]:
+    """/v1/embeddings: each input's token ids (a 400 when one is empty or longer than the context)."""
+    lists = []
+    for item in req.inputs():
+        ids = await _item_ids(model, item, "an input", "input")
+        check_prompt(len(ids), model.context_tokens + 1)
+        lists.append(ids)
+    return lists
+
+
+# ---- Ollama --------------------------------------------------------------------------------------
+def ollama_context(options: Options | None, model_context: int, default_ctx: int) -> int:
+    """num_ctx (Ollama's default when absent), never beyond what the model can hold."""
+    asked = options.num_ctx if options is not None and options.num_ctx else default_ctx
+    return min(asked, model_context)
+
+
+def ollama_max_tokens(options: Options | None, default_max: int) -> int | None:
+    """num_predict: absent -> the seat's default; -1 / -2 -> None (until the context is full)."""
+    if options is None or options.num_predict is None:
+        return default_max
+    return None if options.num_predict < 0 else options.num_predict
+
+
+def ollama_params(options: Options | None, max_tokens: int, logprobs: int | None = None) -> SamplingParams:
+    """SamplingParams from Ollama ``options`` with Ollama's defaults; 400 on anything invalid."""
+    o = options or Options()
+
+    def pick(name: str) -> object:
+        """The option ``name``, or Ollama's default for it."""
+        value = getattr(o, name)
+        return OLLAMA_DEFAULTS[name] if value is None else value
+
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=float(pick("temperature")),  # type: ignore[arg-type]
+            top_k=int(pick("top_k")),  # type: ignore[call-overload]
+            top_p=float(pick("top_p")),  # type: ignore[arg-type]
+            min_p=o.min_p or 0.0,
+            seed=o.seed,
+            stop=tuple(o.stop or ()),
+            repetition_penalty=float(pick("repeat_penalty")),  # type: ignore[arg-type]
+            presence_penalty=o.presence_penalty or 0.0,
+            frequency_penalty=o.frequency_penalty or 0.0,
+            logprobs=logprobs,
+        )
+    except InvalidRequestError as exc:
+        raise bad_request(str(exc)) from exc
+
+
+@dataclass(frozen=True)
+class OllamaLimits:
+    """An Ollama request's token limits on one model."""
+
+    context: int  # num_ctx, capped by the model
+    max_tokens: int | None  # None: until the context is full
+    prompt: int  # the most prompt tokens kept (the rest is truncated)
+
+    @classmethod
+    def of(cls, options: Options | None, model: SeatModel, default_max: int) -> OllamaLimits:
+        """The limits of ``options`` on ``model``: the prompt leaves room for max_tokens (or a quarter
+        of the context), never more than half of it."""
+        ctx = ollama_context(options, model.context_tokens, DEFAULT_NUM_CTX)
+        max_tokens = ollama_max_tokens(options, default_max)
+        reserve = max(1, min(max_tokens or ctx // 4, ctx // 2))
+        return cls(ctx, max_tokens, ctx - reserve)
+
+    def work(self, ids: list[int], options: Options | None, logprobs: int | None) -> Work:
+        """One job on the (already truncated) prompt ``ids``, generating at most what the context holds."""
+        room = self.context - len(ids)
+        max_tokens = room if self.max_tokens is None else min(self.max_tokens, room)
+        return Work([Job(ids, ollama_params(options, max_tokens, logprobs))], len(ids))
+
+
+def _ollama_top(logprobs: bool | None, top_logprobs: int | None) -> int | None:
+    """The number of alternatives per token to return, None when no logprobs are asked for."""
+    return (top_logprobs or 0) if logprobs else None
+
+
+async def ollama_chat_work(req: ChatRequest, model: SeatModel, default_max: int) -> Work:
+    """/api/chat: the messages through the chat template, the oldest turns cut to fit the context."""
+    limits = OllamaLimits.of(req.options, model, default_max)
+    messages = [{"role": m.role, "content": m.content} for m in req.messages or []]
+    try:
+        ids, _ = await asyncio.to_thread(fit_messages, model.tokenizer, messages, limits.prompt)
+    except InvalidRequestError as exc:
+        raise bad_request(str(exc), param="messages") from exc
+    return limits.work(ids, req.options, _ollama_top(req.logprobs, req.top_logprobs))
+
+
+async def ollama_generate_work(req: GenerateRequest, model: SeatModel, default_max: int) -> Work:
+    """/api/generate: ``context`` then the prompt (raw, or through the chat template with ``system``),
+    the oldest tokens cut to fit the context."""
+    limits = OllamaLimits.of(req.options, model, default_max)
+    tok = model.tokenizer
+    if req.raw or not tok.chat_template:
+        ids = tok.encode(req.prompt or "")
+    else:
+        turns = ([{"role": "system", "content": req.system}] if req.system else []) + [
+            {"role": "user", "content": req.prompt or ""}
+        ]
+        ids = await asyncio.to_thread(tok.encode_chat, turns, True)
+    ids = list(req.context or []) + ids
+    check_ids(ids, model.llm.model_config.vocab_size)
+    return limits.work(ids[-limits.prompt :], req.options, _ollama_top(req.logprobs, req.top_logprobs))
+
+
+async def ollama_embed_ids(req: EmbedRequest, model: SeatModel) -> list[list[int]]:
+    """/api/embed: each input's token ids, cut to the context unless ``truncate`` is false (then a 400)."""
+    lists = []
+    for text in req.inputs():
+        ids = await asyncio.to_thread(model.tokenizer.encode, text) or [0]
+        if len(ids) > model.context_tokens:
+            if req.truncate is False:
+                raise bad_request(f"input has {len(ids)} tokens; the context is {model.context_tokens}")
+            ids = ids[: model.context_tokens]
+        lists.append(ids)
+    return lists

@@ -1,0 +1,51 @@
+"""The gate framework's negative controls: a detector must catch the broken input AND stay quiet on the
+honest one, so a detector hard-wired to either answer turns its row RED in every gate run."""
+
+from __future__ import annotations
+
+from engine.outputs import RequestOutput
+from gates.framework import Gate, GateRun, run_gate
+from gates.runs import any_differ
+
+
+def _gate(detect) -> Gate:
+    def body(run: GateRun) -> None:
+        run.check("t.check", True, "x", "x")
+        run.negative("t.neg", detect, broken=[1, 2, 9], honest=[1, 2, 3], observed="-")
+
+    return Gate("t", "a toy gate", ("t.check", "t.neg"), body)
+
+
+def _has_nine(values: list[int]) -> bool:
+    return 9 in values
+
+
+def test_a_real_detector_is_green() -> None:
+    assert run_gate(_gate(_has_nine)).verdict == "GREEN"
+
+
+def test_a_detector_hard_wired_to_caught_is_red_as_a_false_alarm() -> None:
+    result = run_gate(_gate(lambda values: True))
+    neg = next(r for r in result.rows if r.check == "t.neg")
+    assert result.verdict == "RED" and not neg.ok and "FALSE ALARM" in neg.observed
+
+
+def test_a_detector_hard_wired_to_not_caught_is_red() -> None:
+    assert run_gate(_gate(lambda values: False)).verdict == "RED"
+
+
+def test_a_blinded_detector_is_red() -> None:
+    assert run_gate(_gate(_has_nine), blind={"t.neg"}).verdict == "RED"
+
+
+def _out(tokens: list[int], logprobs: list[float]) -> RequestOutput:
+    return RequestOutput("r", [1], tokens, "", "length", logprobs=logprobs)
+
+
+def test_the_invariance_detector_both_ways() -> None:
+    a = _out([5, 6], [-0.5, -1.25])
+    same_again = _out([5, 6], [-0.5, -1.25])
+    one_bit_off = _out([5, 6], [-0.5, -1.2500001])
+    other_token = _out([5, 7], [-0.5, -1.25])
+    assert not any_differ(([a], [same_again]))
+    assert any_differ(([a], [one_bit_off])) and any_differ(([a], [other_token]))
