@@ -29,6 +29,7 @@ import torch
 from engine import kernels, testing
 from engine.config import EngineConfig
 from engine.llm_engine import LLM
+from engine.loader import load_config
 from engine.workload import LengthRange, WorkloadRequest, WorkloadSpec, make_workload
 from gates.framework import Gate, GateRun
 from gates.runs import any_differ, differing, digest, run_schedule, run_solos
@@ -186,12 +187,14 @@ def _attention_rows(rng: random.Random, gen: torch.Generator, dtype: torch.dtype
     return wrong
 
 
-def _negatives(run: GateRun, llm: LLM, seed: int) -> None:
+def _negatives(run: GateRun, seed: int) -> None:
+    """Eight drawn requests admitted together on an engine with room for all of them at once."""
     rng = random.Random(f"{seed}:negatives")
     case = ENGINE_CASES["invariance.tiny_f32"]
-    work = draw_workload(rng, llm.model_config.vocab_size, case)
-    work = [dataclasses.replace(r, arrival_s=0.0) for r in work[:8]]
-    engine = llm.engine
+    vocab = load_config(case.model).vocab_size
+    work = [dataclasses.replace(r, arrival_s=0.0) for r in draw_workload(rng, vocab, case)[:8]]
+    blocks = sum(-(-(len(r.prompt_token_ids) + r.params.max_tokens) // BLOCK_SIZE) for r in work)
+    engine = LLM(case.model, dtype=case.dtype, threads=_thread_setting(), num_kv_blocks=blocks).engine
     honest = (run_solos(engine, work), run_schedule(engine, work))
     for check_id, fault in (
         ("invariance.neg.batch_dependent_matmul", testing.batch_dependent_matmul),
@@ -217,13 +220,9 @@ def _body(run: GateRun) -> None:
     if threads:
         torch.set_num_threads(threads)
     _kernel_rows(run, seed)
-    tiny = None
     for check_id, case in ENGINE_CASES.items():
-        llm = _engine_case(run, check_id, case, seed)
-        if check_id == "invariance.tiny_f32":
-            tiny = llm
-    assert tiny is not None
-    _negatives(run, tiny, seed)
+        _engine_case(run, check_id, case, seed)
+    _negatives(run, seed)
 
 
 GATE = Gate(
