@@ -19,7 +19,14 @@ from engine.loader import LoadedModel, load_config, load_model, resolve_model
 from engine.workload import WorkloadRequest, make_workload
 from nxctl.bench import agreement
 from nxctl.bench.http_client import run_http
-from nxctl.bench.machine import matmul_peak_gflops, model_flops, peak_rss_mb
+from nxctl.bench.machine import (
+    compute_dtype,
+    forward_weight_bytes,
+    matmul_peak_gflops,
+    memory_read_gbps,
+    model_flops,
+    peak_rss_mb,
+)
 from nxctl.bench.options import SEQUENTIAL_SUBSET, BenchOptions
 from nxctl.bench.peer_hf import load_hf_model, run_hf
 from nxctl.bench.schedules import (
@@ -51,6 +58,7 @@ class BenchResult:
     threads: int
     peak_rss_mb: float = 0.0
     extras: dict[str, float] = field(default_factory=dict)
+    read_gbps: float | None = None  # the machine's memory read bandwidth measured in this run
     setup_s: dict[str, float] = field(default_factory=dict)  # wall time of loading, peak, warm-up
 
 
@@ -61,6 +69,7 @@ class _Context:
     requests: list[WorkloadRequest]
     device: torch.device
     peaks: dict[str, float]
+    read_gbps: float
     hf_model: Any
     start_task: StartTask
     tokens: dict[str, list[list[int]]] = field(default_factory=dict)  # first repeat's token ids per run
@@ -80,6 +89,10 @@ def _measured(ctx: _Context, name: str, run: ScheduleRun, dtype: str) -> dict[st
     gflops = model_flops(ctx.loaded.config, run.work) / run.duration / 1e9
     metrics["achieved_gflops"] = gflops
     metrics["peak_fraction"] = gflops / ctx.peaks[dtype]
+    streamed = run.work.forwards * forward_weight_bytes(ctx.loaded.config, parse_dtype(dtype))
+    gbps = streamed / run.duration / 1e9
+    metrics["weights_gbps"] = gbps
+    metrics["bandwidth_fraction"] = gbps / ctx.read_gbps
     metrics.update(run.counters)
     tenants: dict[str, int] = {}
     for r in run.records:
@@ -128,15 +141,19 @@ def _single(ctx: _Context, label: str) -> dict[str, Any]:
     req = dataclasses.replace(ctx.requests[0], arrival_s=0.0)
     advance = ctx.start_task(label, req.output_len * (2 if ctx.hf_model is not None else 1))
     ours = run_static(make_engine(ctx.loaded, ctx.engine_config()), [req], 1, advance)
-    result: dict[str, Any] = {
-        "output_len": req.output_len,
-        "invariant_decode_tps": decode_tokens_per_s(ours.records[0]),
-        "invariant_ttft_ms": _ms(ours.records[0].ttft),
-    }
+    step_bytes = forward_weight_bytes(ctx.loaded.config, parse_dtype(ctx.opts.dtype))
+    result: dict[str, Any] = {"output_len": req.output_len}
+    runs = [("invariant", ours)]
     if ctx.hf_model is not None:
-        peer = run_hf(ctx.hf_model, [req], 1, advance)
-        result["hf_decode_tps"] = decode_tokens_per_s(peer.records[0])
-        result["hf_ttft_ms"] = _ms(peer.records[0].ttft)
+        runs.append(("hf", run_hf(ctx.hf_model, [req], 1, advance)))
+    for who, run in runs:
+        tps = decode_tokens_per_s(run.records[0])
+        result[f"{who}_decode_tps"] = tps
+        result[f"{who}_ttft_ms"] = _ms(run.records[0].ttft)
+        # a decode step streams every weight once: tok/s x bytes per forward
+        gbps = None if tps is None else tps * step_bytes / 1e9
+        result[f"{who}_decode_weights_gbps"] = gbps
+        result[f"{who}_decode_bandwidth_fraction"] = None if gbps is None else gbps / ctx.read_gbps
     return result
 
 
@@ -189,12 +206,13 @@ def run_bench(
     notify(f"bench: load {clock.lap('load'):.1f} s")
     device = resolve_device("auto")
     dtypes = {"float32", opts.dtype} | ({opts.compare_dtype} if opts.compare_dtype else set())
-    peaks = {d: matmul_peak_gflops(parse_dtype(d), device) for d in sorted(dtypes)}
-    notify(f"bench: matmul_peak {clock.lap('matmul_peak'):.1f} s")
+    peaks = {d: matmul_peak_gflops(compute_dtype(parse_dtype(d), device), device) for d in sorted(dtypes)}
+    read_gbps = memory_read_gbps(device)
+    notify(f"bench: matmul_peak, read bandwidth {clock.lap('matmul_peak'):.1f} s")
     wants_peer = "hf" in names or ("single" in names and opts.peer == "hf")
     hf_model = load_hf_model(source, parse_dtype(opts.dtype), device) if wants_peer else None
     notify(f"bench: load_peer {clock.lap('load_peer'):.1f} s")
-    ctx = _Context(opts, loaded, requests, device, peaks, hf_model, start_task)
+    ctx = _Context(opts, loaded, requests, device, peaks, read_gbps, hf_model, start_task)
     _warm_up(ctx)
     notify(f"bench: warm_up {clock.lap('warm_up'):.1f} s")
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
@@ -208,7 +226,15 @@ def run_bench(
     extras = _dtype_agreement(ctx) if opts.compare_dtype else {}
     clock.lap("agreement")
     return BenchResult(
-        opts, device.type, runs, peaks, torch.get_num_threads(), peak_rss_mb(), extras, clock.laps
+        opts,
+        device.type,
+        runs,
+        peaks,
+        torch.get_num_threads(),
+        peak_rss_mb(),
+        extras,
+        setup_s=clock.laps,
+        read_gbps=read_gbps,
     )
 
 

@@ -4,7 +4,7 @@ an undeclared figure, so renaming a figure on one side fails loudly instead of t
 
 Names: ``<schedule>.<metric>`` (latency metrics with ``.mean`` / ``.median`` / ``.p99``),
 ``<schedule>.tenant_output_tokens.<tenant>``, ``ratios.<ratio>``, ``agreement.<measure>``,
-``machine.peak_gflops.<dtype>`` and ``peak_rss_mb``.
+``machine.peak_gflops.<dtype>``, ``machine.read_gbps`` and ``peak_rss_mb``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ RUN_METRICS = (
     "total_token_throughput",
     "achieved_gflops",
     "peak_fraction",
+    "weights_gbps",
+    "bandwidth_fraction",
     "requests_run",
     "output_len",
     "concurrency",
@@ -37,7 +39,11 @@ RUN_METRICS = (
 )
 LATENCY_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 LATENCY_STATS = ("mean", "median", "p99")
-SINGLE_METRICS = ("invariant_decode_tps", "invariant_ttft_ms", "hf_decode_tps", "hf_ttft_ms")
+SINGLE_METRICS = tuple(
+    f"{who}_{m}"
+    for who in ("invariant", "hf")
+    for m in ("decode_tps", "ttft_ms", "decode_weights_gbps", "decode_bandwidth_fraction")
+)
 AGREEMENT = ("greedy_agreement", "teacher_forced_top1_agreement")
 
 
@@ -98,6 +104,7 @@ _PATTERN = re.compile(
             rf"ratios\.(?:{_alternatives([r.name for r in RATIOS])}|(?:{_DTYPES})_vs_(?:{_DTYPES})_invariant_output_throughput)",
             rf"agreement\.(?:{_alternatives(AGREEMENT)})",
             rf"machine\.peak_gflops\.(?:{_alternatives(list(SHORT_DTYPE))})",
+            r"machine\.read_gbps",
             r"peak_rss_mb",
         )
     )

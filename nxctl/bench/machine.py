@@ -1,4 +1,11 @@
-"""What the machine can do and what a run achieved: matmul peak, model FLOPs, peak RSS.
+"""What the machine can do and what a run achieved: matmul peak, memory read bandwidth, model FLOPs,
+weight bytes streamed, peak RSS.
+
+Weights streamed of a schedule = forwards * bytes of the weights one forward reads (every linear of
+every layer, the LM head, the norms: N_nonemb + V * H parameters at the engine's element size), over
+the duration: the figure that says how close a memory-bound decode is to the machine's read bandwidth
+(gpt-fast's habit). The bandwidth is measured in the run: repeated sums over a buffer far larger than
+the caches.
 
 Achieved FLOP/s of a schedule = model FLOPs / duration, with model FLOPs (forward only, multiply-add = 2):
 
@@ -28,17 +35,20 @@ from engine.config import ModelConfig
 
 @dataclass(frozen=True)
 class WorkCount:
-    """What a run computed: token rows through the linears, sampled rows, and attended keys."""
+    """What a run computed: token rows through the linears, sampled rows, attended keys, and the
+    forward passes that did it (each one streams every weight once)."""
 
     computed_rows: int
     sampled_rows: int
     attended_keys: int
+    forwards: int = 0
 
     def __add__(self, other: WorkCount) -> WorkCount:
         return WorkCount(
             self.computed_rows + other.computed_rows,
             self.sampled_rows + other.sampled_rows,
             self.attended_keys + other.attended_keys,
+            self.forwards + other.forwards,
         )
 
 
@@ -59,6 +69,35 @@ def model_flops(config: ModelConfig, work: WorkCount) -> float:
     head = 2 * config.vocab_size * config.hidden_size * work.sampled_rows
     attention = 4 * config.num_layers * config.q_size * work.attended_keys
     return float(linear + head + attention)
+
+
+def forward_weight_bytes(config: ModelConfig, dtype: torch.dtype) -> int:
+    """Bytes of weights one forward reads: the layers, the final norm and the LM head (tied or not),
+    at ``dtype``'s element size. The embedding rows looked up per token are left out (a few KB)."""
+    element = torch.empty((), dtype=dtype).element_size()
+    return (nonembedding_params(config) + config.vocab_size * config.hidden_size) * element
+
+
+def memory_read_gbps(device: torch.device, megabytes: int = 512, seconds: float = 1.0) -> float:
+    """Achieved read bandwidth (GB/s, 1e9 bytes) of repeated sums over a ``megabytes`` float32 buffer."""
+    buffer = torch.ones(megabytes * (1 << 20) // 4, device=device)  # [n] float32
+    buffer.sum()
+    _sync(device)
+    count, start = 0, time.perf_counter()
+    while True:
+        buffer.sum()
+        count += 1
+        _sync(device)
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return buffer.numel() * 4 * count / elapsed / 1e9
+
+
+def compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype whose matmul peak bounds a ``dtype`` run: on a CPU our kernels multiply and accumulate
+    in float32 whatever the weights' dtype (torch's own bfloat16 matmul on a CPU without AVX512_BF16
+    runs at a fraction of a GFLOP/s and would make every fraction of it meaningless)."""
+    return torch.float32 if device.type == "cpu" else dtype
 
 
 def matmul_peak_gflops(

@@ -129,7 +129,7 @@ def run_hf(model: Any, requests: Sequence[WorkloadRequest], batch_size: int, adv
         longest = len(times)
         rows = len(batch) * (width + longest - 1)
         work = work + WorkCount(
-            rows, len(batch) * longest, len(batch) * attended_keys(0, width + longest - 1)
+            rows, len(batch) * longest, len(batch) * attended_keys(0, width + longest - 1), longest
         )
         for req, tokens in zip(batch, new, strict=True):
             n = req.output_len

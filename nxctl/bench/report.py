@@ -42,6 +42,8 @@ ROWS: list[tuple[str, Callable[[dict], Any], int]] = [
     ],
     ("achieved GFLOP/s", lambda m: m.get("achieved_gflops"), 2),
     ("% of matmul peak", lambda m: _percent(m.get("peak_fraction")), 2),
+    ("weights read (GB/s)", lambda m: m.get("weights_gbps"), 2),
+    ("% of read bandwidth", lambda m: _percent(m.get("bandwidth_fraction")), 1),
     ("preemptions", lambda m: m.get("preemptions"), 0),
     (
         "prefix cache hits / queries",
@@ -122,10 +124,10 @@ def footer(result: BenchResult) -> list[str]:
     if single:
         parts = [
             f"single request ({single.get('output_len')} tokens): ours (invariant) "
-            f"{_cell(single.get('invariant_decode_tps'), 1)} decode tok/s"
+            f"{_single_decode(single, 'invariant')}"
         ]
         if "hf_decode_tps" in single:
-            parts.append(f"hf {_cell(single.get('hf_decode_tps'), 1)} decode tok/s")
+            parts.append(f"hf {_single_decode(single, 'hf')}")
         lines.append(", ".join(parts))
     for name, value in data["ratios"].items():
         lines.append(f"ratio {name}: {_cell(value, 3)}")
@@ -133,8 +135,26 @@ def footer(result: BenchResult) -> list[str]:
         lines.append(f"{name} ({result.options.dtype} vs {result.options.compare_dtype}): {value:.3f}")
     if result.peak_gflops:
         peaks = ", ".join(f"{k} {v:.0f}" for k, v in result.peak_gflops.items())
-        lines.append(f"matmul peak measured in this run (GFLOP/s): {peaks}; threads {result.threads}")
+        lines.append(
+            f"matmul peak measured in this run (GFLOP/s): {peaks}; threads {result.threads}"
+            + (
+                "; on a CPU every dtype's peak is float32's (our kernels compute in float32)"
+                if result.device == "cpu"
+                else ""
+            )
+        )
+    if result.read_gbps:
+        lines.append(f"memory read bandwidth measured in this run: {result.read_gbps:.1f} GB/s")
     lines.append(f"peak RSS {result.peak_rss_mb:.0f} MB")
     if result.setup_s:
         lines.append("wall time (s): " + ", ".join(f"{k} {v:.1f}" for k, v in result.setup_s.items()))
     return lines
+
+
+def _single_decode(single: dict[str, Any], who: str) -> str:
+    """``42.8 decode tok/s (23.0 GB/s of weights, 64% of read bandwidth)``."""
+    text = f"{_cell(single.get(f'{who}_decode_tps'), 1)} decode tok/s"
+    gbps, fraction = single.get(f"{who}_decode_weights_gbps"), single.get(f"{who}_decode_bandwidth_fraction")
+    if gbps is not None and fraction is not None:
+        text += f" ({_cell(gbps, 1)} GB/s of weights, {_cell(_percent(fraction), 0)}% of read bandwidth)"
+    return text

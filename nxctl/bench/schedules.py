@@ -93,7 +93,7 @@ def _finish(
     duration = max(r.end for r in records) - t0
     snap = engine.snapshot()
     st = snap.counters
-    work = WorkCount(st.tokens_computed, st.tokens_generated, _attention_work(outs))
+    work = WorkCount(st.tokens_computed, st.tokens_generated, _attention_work(outs), st.steps)
     counters = {
         "steps": st.steps,
         "tokens_computed": st.tokens_computed,

@@ -101,6 +101,7 @@ def to_json(result: BenchResult) -> dict[str, Any]:
     flatten("ratios", ratio, figures)
     flatten("agreement", result.extras, figures)
     flatten("machine.peak_gflops", result.peak_gflops, figures)
+    flatten("machine.read_gbps", result.read_gbps, figures)
     figures["peak_rss_mb"] = result.peak_rss_mb
     undeclared = sorted(k for k in figures if not is_declared(k))
     if undeclared:
@@ -113,7 +114,11 @@ def to_json(result: BenchResult) -> dict[str, Any]:
         "ratios": ratio,
         "agreement": result.extras,
         "figures": figures,
-        "machine": {"peak_gflops": result.peak_gflops, "threads": result.threads},
+        "machine": {
+            "peak_gflops": result.peak_gflops,
+            "read_gbps": result.read_gbps,
+            "threads": result.threads,
+        },
         "peak_rss_mb": result.peak_rss_mb,
         "wall_s": result.setup_s,
     }

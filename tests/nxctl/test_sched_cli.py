@@ -40,6 +40,7 @@ def test_table_names_every_schedule_and_metric(bench_run) -> None:
     ):
         assert row in out
     assert "achieved GFLOP/s" in out and "peak RSS" in out and "first 8 requests" in out
+    assert "weights read (GB/s)" in out and "% of read bandwidth" in out and "memory read bandwidth" in out
 
 
 def test_json_carries_the_figures_the_census_cites(bench_run) -> None:
@@ -59,7 +60,9 @@ def test_json_carries_the_figures_the_census_cites(bench_run) -> None:
                 assert figures[f"{name}.{lat}.{stat}"] > 0
         assert figures[f"{name}.completed"] == 4
         assert 0 < figures[f"{name}.peak_fraction"]
+        assert 0 < figures[f"{name}.weights_gbps"] and 0 < figures[f"{name}.bandwidth_fraction"]
     assert figures["machine.peak_gflops.float32"] > 0 and figures["peak_rss_mb"] > 0
+    assert figures["machine.read_gbps"] > 0
     assert figures["cb_invariant.prefix_cache_hits"] > 0 and figures["cb_nocache.prefix_cache_hits"] == 0
     assert data["machine"]["threads"] >= 1
     medians = data["schedules"]["cb_invariant"]["ttft_ms"]["p99"]

@@ -5,8 +5,18 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
-from nxctl.bench.machine import WorkCount, attended_keys, model_flops, nonembedding_params
+from engine.loader import load_config
+from nxctl.bench.machine import (
+    WorkCount,
+    attended_keys,
+    compute_dtype,
+    forward_weight_bytes,
+    memory_read_gbps,
+    model_flops,
+    nonembedding_params,
+)
 from nxctl.bench.schedules import decode_tokens_per_s
 from nxctl.bench.serving_metrics import RequestRecord, compute_metrics, percentile, summarize_ms
 
@@ -90,3 +100,17 @@ def test_flop_formula(tiny_loaded) -> None:
     assert (
         math.isfinite(model_flops(config, work + work)) and model_flops(config, work + work) == 2 * expected
     )
+
+
+def test_weight_bytes_one_forward_streams() -> None:
+    config = load_config("smollm2")  # tied embeddings: the LM head is the embedding table, read once
+    assert forward_weight_bytes(config, torch.float32) == config.num_params * 4  # 538 MB
+    assert forward_weight_bytes(config, torch.bfloat16) == config.num_params * 2
+    assert (WorkCount(1, 1, 1, 3) + WorkCount(1, 1, 1, 4)).forwards == 7
+
+
+def test_read_bandwidth_and_the_cpu_compute_dtype() -> None:
+    cpu = torch.device("cpu")
+    assert memory_read_gbps(cpu, megabytes=8, seconds=0.05) > 0.1
+    assert compute_dtype(torch.bfloat16, cpu) is torch.float32  # our CPU kernels compute in float32
+    assert compute_dtype(torch.bfloat16, torch.device("cuda")) is torch.bfloat16
