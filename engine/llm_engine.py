@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import time
 import uuid
 from collections.abc import Sequence as Seq
-from dataclasses import asdict, dataclass
 from types import MappingProxyType
 from typing import Any, cast
 
@@ -27,19 +27,6 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import Sequence, Status
 from engine.snapshot import EngineCounters, EngineSnapshot, RequestView
-
-
-@dataclass
-class _Counters:
-    """The engine's running counters (mutable, private); callers read ``Engine.counters``."""
-
-    steps: int = 0
-    tokens_computed: int = 0
-    tokens_generated: int = 0
-    max_requests_in_step: int = 0
-    mixed_steps: int = 0
-    joins_mid_flight: int = 0
-    chunked_prompts: int = 0
 
 
 class Engine:
@@ -76,7 +63,7 @@ class Engine:
         self._runner = ModelRunner(self._model, self._kv)
         self._requests: dict[str, Sequence] = {}
         self._arrivals = itertools.count()
-        self._stats = _Counters()
+        self._stats = EngineCounters()  # this engine's own, mutated each step; callers get copies
         self.stop_token_ids = frozenset(loaded.tokenizer.stop_token_ids)
 
     @property
@@ -143,15 +130,18 @@ class Engine:
     @property
     def counters(self) -> EngineCounters:
         """A copy of the engine's life counters (steps, tokens, preemptions, ...)."""
-        return EngineCounters(**asdict(self._stats), preemptions=self._scheduler.num_preemptions)
+        return dataclasses.replace(self._stats, preemptions=self._scheduler.num_preemptions)
 
-    def snapshot(self) -> EngineSnapshot:
-        """A read-only copy of the engine's state between two steps (queues, KV blocks, counters)."""
+    def snapshot(self, requests: bool = True) -> EngineSnapshot:
+        """A read-only copy of the engine's state between two steps (queues, KV blocks, counters).
+        ``requests=False`` leaves the per-request views out (empty): the cheap form for every step."""
         sched, pool = self._scheduler, self._pool
         return EngineSnapshot(
             waiting=tuple(s.request_id for s in sched.waiting),
             running=tuple(s.request_id for s in sched.running),
-            requests=MappingProxyType({rid: _view(seq) for rid, seq in self._requests.items()}),
+            requests=MappingProxyType(
+                {rid: _view(seq) for rid, seq in self._requests.items()} if requests else {}
+            ),
             block_size=pool.block_size,
             kv_blocks_total=pool.num_blocks,
             kv_blocks_used=pool.num_used,

@@ -40,9 +40,10 @@ class RequestView:
         return self.num_computed_tokens >= self.num_prompt_tokens
 
 
-@dataclass(frozen=True)
+@dataclass
 class EngineCounters:
-    """Counters over the engine's life (monotonic)."""
+    """Counters over the engine's life (monotonic). The engine mutates its own instance each step;
+    ``Engine.counters`` and snapshots hand out copies, which nothing else changes."""
 
     steps: int = 0
     tokens_computed: int = 0
@@ -59,7 +60,7 @@ class EngineSnapshot:
     """The engine between two steps. Invariant: ``kv_blocks_used + kv_blocks_free == kv_blocks_total``.
 
     ``waiting`` / ``running`` hold request ids in queue order; ``requests`` every request the engine
-    still knows (finished ones until ``release_finished``). Prefix-cache figures count blocks.
+    still knows (finished ones until ``release_finished``), or nothing when taken with requests=False. Prefix-cache figures count blocks.
     """
 
     waiting: tuple[str, ...]

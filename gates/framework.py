@@ -86,10 +86,6 @@ class GateRun:
         self.rows.append(Row(check_id, "neg", ok, "caught, honest input not", seen, detail))
         return ok
 
-    def sees(self, check_id: str) -> bool:
-        """Whether the detector of negative control ``check_id`` is switched on."""
-        return check_id not in self.blind
-
     def error(self, check_id: str, exc: BaseException) -> None:
         """Record a check that could not run: an exception is a RED row, never a silent pass."""
         self.rows.append(

@@ -125,10 +125,11 @@ def _fairness_run(engine: Engine, light_count: int, heavy_count: int) -> tuple[d
     for i in range(heavy_count + light_count):
         is_light = i % (heavy_count // light_count + 1) == 0 and tenants.count("light") < light_count
         tenants.append("light" if is_light else "heavy")
-    arrivals = [Arrival(_tokens(rng, 8), params, tenant=t) for t in tenants]
+    ids = [engine.add_request(_tokens(rng, 8), params, tenant=t) for t in tenants]
+    tenant_of = dict(zip(ids, tenants, strict=True))
+    light_left = {i for i, t in tenant_of.items() if t == "light"}
     served = {"heavy": 0.0, "light": 0.0}
     seen: dict[str, int] = {}
-    light_left: set[str] = set()
 
     def account(out: RequestOutput) -> None:
         new = len(out.token_ids) - seen.get(out.request_id, 0)
@@ -139,9 +140,6 @@ def _fairness_run(engine: Engine, light_count: int, heavy_count: int) -> tuple[d
         if out.finished:
             light_left.discard(out.request_id)
 
-    ids = [engine.add_request(a.prompt_token_ids, a.params, tenant=a.tenant) for a in arrivals]
-    tenant_of = dict(zip(ids, tenants, strict=True))
-    light_left.update(i for i, t in tenant_of.items() if t == "light")
     finals = drive(engine, on_output=account).finals
     light_done = all(finals[i].finish_reason == "length" for i, t in tenant_of.items() if t == "light")
     return served, light_done

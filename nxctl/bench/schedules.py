@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
-from engine.drive import Arrival, drive
+from engine.drive import drive
 from engine.errors import NxError
 from engine.llm_engine import Engine
 from engine.loader import LoadedModel
@@ -130,16 +130,11 @@ def run_static(
         batch = ordered[first : first + batch_size]
         _wait_until(t0 + batch[-1].arrival_s)
         longest = max(r.output_len for r in batch)
-        arrivals = [
-            Arrival(
-                r.prompt_token_ids,
-                dataclasses.replace(r.params, max_tokens=longest),
-                0.0,
-                str(r.index),
-                tenant=r.tenant,
-            )
+        padded = [
+            dataclasses.replace(r, arrival_s=0.0, params=dataclasses.replace(r.params, max_tokens=longest))
             for r in batch
         ]
+        arrivals = [r.arrival() for r in padded]
         finals.update(
             {int(rid): out for rid, out in drive(engine, arrivals, on_output=on_output).finals.items()}
         )

@@ -289,7 +289,7 @@ class EngineLoop:
         self._publish()
 
     def _publish(self) -> None:
-        snap = self.engine.snapshot()
+        snap = self.engine.snapshot(requests=False)  # after every step: counts only
         self.stats = LoopStats(
             running=len(snap.running),
             waiting=len(snap.waiting),

@@ -107,7 +107,7 @@ class BrokenEngine:
     def __init__(self) -> None:
         self.requests: dict[str, RequestOutput] = {}
 
-    def snapshot(self) -> EngineSnapshot:
+    def snapshot(self, requests: bool = True) -> EngineSnapshot:
         return EngineSnapshot((), (), {}, 16, 8, 0, 0, 0, {}, EngineCounters(), 0, 0)
 
     def add_request(self, ids, params, request_id, priority=0, tenant=None) -> str:
