@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.errors import InvalidRequestError, UnsupportedModelError
+from engine.mux.registry import QUANTIZE_MODES
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 DTYPES: dict[str, torch.dtype] = {
@@ -35,6 +36,8 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     name: str = ""
+    # (HF weight name, GGUF type) of each weight the file holds quantized (Q8_0, Q4_0, Q4_1)
+    quantized_weights: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -108,9 +111,16 @@ def resolve_device(device: str) -> torch.device:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Engine settings. The KV pool (num_kv_blocks x block_size tokens) is allocated up front."""
+    """Engine settings. The KV pool (num_kv_blocks x block_size tokens) is allocated up front.
+
+    ``quantize``: "auto" keeps a file's quantized weights quantized (GGUF Q8_0 / Q4_0 / Q4_1) and float
+    weights in ``dtype``; "none" dequantizes everything to ``dtype``; "int8" also quantizes float linear
+    weights to Q8_0 (int8 per 32 inputs, one scale each). Quantized weights run on the CPU kernels; on
+    another device they are dequantized.
+    """
 
     dtype: str = "float32"
+    quantize: str = "auto"
     device: str = "auto"
     threads: int | None = None
     batch_invariant: bool = True
@@ -123,6 +133,10 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         parse_dtype(self.dtype)
+        if self.quantize not in QUANTIZE_MODES:
+            raise InvalidRequestError(
+                f"unsupported quantize mode {self.quantize!r}; choose one of {', '.join(QUANTIZE_MODES)}"
+            )
         checks = {
             "block_size": self.block_size,
             "num_kv_blocks": self.num_kv_blocks,

@@ -22,6 +22,7 @@ from engine.layers.sampler import sample
 from engine.loader import ChatTokenizer, IncrementalDetokenizer, LoadedModel, load_model
 from engine.model_runner import ModelRunner
 from engine.models.llama import Faults, PagedLlama
+from engine.mux.memory import reclaim
 from engine.outputs import FinishReason, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
@@ -53,12 +54,13 @@ class Engine:
             self.device,
             config.batch_invariant,
             self._faults,
+            config.quantize,
         )
         self._kv = KVCache(
             loaded.config, config.num_kv_blocks, config.block_size, config.torch_dtype, self.device
         )
         self._pool = BlockPool(config.num_kv_blocks, config.block_size)
-        model_key = f"{loaded.source.path}:{config.dtype}:{config.batch_invariant}"
+        model_key = f"{loaded.source.path}:{config.dtype}:{config.quantize}:{config.batch_invariant}"
         self._scheduler = Scheduler(config, self._pool, model_key)
         self._runner = ModelRunner(self._model, self._kv)
         self._requests: dict[str, Sequence] = {}
@@ -165,13 +167,11 @@ class Engine:
         for ids in token_lists:
             if not ids or any(t < 0 or t >= vocab for t in ids):
                 raise InvalidRequestError(f"every input needs at least one token id in [0, {vocab})")
-        table = self._model.weight("model.embed_tokens.weight")  # [vocab, hidden]
         vectors = []
         with torch.no_grad():
             for ids in token_lists:
-                rows = table[
-                    torch.tensor(list(ids), dtype=torch.long, device=table.device)
-                ].float()  # [n, hidden]
+                index = torch.tensor(list(ids), dtype=torch.long, device=self.device)
+                rows = self._model.embed_rows(index).float()  # [n, hidden]
                 vectors.append(torch.nn.functional.normalize(rows.mean(dim=0), dim=0).cpu().tolist())
         return vectors
 
@@ -295,6 +295,8 @@ class LLM:
         self.tokenizer: ChatTokenizer = loaded.tokenizer
         self.source = loaded.source
         self.engine = Engine(loaded, self.config)
+        del loaded  # the file's tensors: the engine holds its own packed copies now
+        reclaim()  # give the loader's transient memory (parsed metadata, raw blocks) back to the system
 
     def generate(
         self,

@@ -80,7 +80,7 @@ def _body(run: GateRun) -> None:
 def _weights(llm: LLM) -> dict[str, torch.Tensor]:
     from engine.loader import load_model
 
-    return load_model(llm.source).weights
+    return load_model(llm.source).dense_weights()
 
 
 def _disagrees(result: tuple[bool, float, int]) -> bool:

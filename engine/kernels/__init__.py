@@ -4,7 +4,7 @@ Batch invariance rests on these: each reduction's order is written in engine/ker
 and depends on a row's own data and position, never on the batch, the row's place in it, the
 thread count or a library's choice of kernel. Three backends, chosen once per process:
 
-    avx2      the C++ kernels compiled for AVX2 + FMA (x86 CPUs that have both, when torch's own
+    avx2      the C++ kernels compiled for AVX2 + FMA + F16C (x86 CPUs that have them, when torch's own
               dispatch, ATEN_CPU_CAPABILITY, also allows AVX2 or better)
     generic   the same C++ kernels over scalar lanes: any CPU with a C++ compiler, same bits as avx2
     portable  pure torch, each row computed alone: no compiler needed, invariant, slow
@@ -62,11 +62,11 @@ def backend() -> Backend:
     if forced == "generic":
         return Backend("generic", "NXCTL_KERNELS=generic", module)
     if not module.cpu_has_avx2():
-        return Backend("generic", "this CPU has no AVX2+FMA", module)
+        return Backend("generic", "this CPU lacks AVX2, FMA or F16C", module)
     if not _torch_allows_avx2():
         capability = torch.backends.cpu.get_cpu_capability()
         return Backend("generic", f"torch CPU capability {capability}", module)
-    return Backend("avx2", "CPU has AVX2+FMA", module)
+    return Backend("avx2", "CPU has AVX2+FMA+F16C", module)
 
 
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -104,6 +104,13 @@ def _run(name: str, *args: object) -> torch.Tensor:
 def linear(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
     """x [M, K] (any float dtype) @ packed weight -> [M, N] float32; each output one fma chain over K."""
     return _run("linear", x.float().contiguous(), packed, n)
+
+
+def qlinear(x: torch.Tensor, packed: torch.Tensor, fmt: int, n: int) -> torch.Tensor:
+    """x [M, K] (any float dtype) @ a packed quantized weight (quant_pack.py) -> [M, N] float32.
+
+    Bit-identical to ``linear`` over the dequantized weight: the same fma chain over K per output."""
+    return _run("qlinear", x.float().contiguous(), packed, fmt, n)
 
 
 def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:

@@ -14,14 +14,27 @@ import torch.nn.functional as F
 PANEL = 16
 
 
-def linear(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
-    """x [M, K] float32 @ packed [P, K, 16] -> [M, N] float32, row by row."""
-    panels, k, _ = packed.shape
-    weight = packed.float().transpose(1, 2).reshape(panels * PANEL, k)[:n]  # [N, K]
-    out = torch.empty(x.shape[0], n, dtype=torch.float32)
+def _rows_times(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ weight [N, K]^T row by row, the weight contiguous (one library path for every caller)."""
+    weight = weight.contiguous()
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
     for i in range(x.shape[0]):
         out[i : i + 1] = F.linear(x[i : i + 1], weight)
     return out
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
+    """x [M, K] float32 @ packed [P, K, 16] -> [M, N] float32, row by row."""
+    panels, k, _ = packed.shape
+    return _rows_times(x, packed.float().transpose(1, 2).reshape(panels * PANEL, k)[:n])
+
+
+def qlinear(x: torch.Tensor, packed: torch.Tensor, fmt: int, n: int) -> torch.Tensor:
+    """x [M, K] float32 @ a packed quantized weight -> [M, N] float32, row by row over its float values
+    (the same values and calls as ``linear`` over the dequantized weight: the same bits)."""
+    from engine.kernels.quant_pack import unpack_quantized
+
+    return _rows_times(x, unpack_quantized(packed, fmt, n))
 
 
 def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:

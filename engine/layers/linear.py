@@ -7,6 +7,12 @@ order, whatever the row count, the row's place among the others or the thread co
     weight [N, K]  ->  packed [P, K, 16]       P = ceil(N / 16), zero-padded
     y[m, n] = fma(x[m, K-1], w[n, K-1], ... fma(x[m, 1], w[n, 1], x[m, 0] * w[n, 0]) ...)
 
+A weight kept quantized (engine/quantized.py: GGUF Q8_0, Q4_0, Q4_1, or ``--quantize int8``) is packed
+once into tiles of 16 columns x 32 inputs (engine/kernels/quant_pack.py) and multiplied by the same
+chains with each weight dequantized in registers to exactly its float value: its outputs are those of
+the float32 path over the dequantized weight, bit for bit, in fast mode too (no library kernel reads
+our blocks).
+
 Fast mode (``invariant=False``) is the library's ``F.linear`` on the plain weight.
 
 Elsewhere (CUDA) the invariant path computes y^T = W @ x^T in chunks of 2..16 columns, each one
@@ -21,6 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from engine import kernels
+from engine.kernels.quant_pack import pack_quantized, quantized_rows, unpack_quantized
+from engine.quantized import QuantizedWeight
 
 CHUNK_COLUMNS = 16
 
@@ -44,23 +52,36 @@ def chunked_mm_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 class LinearWeight:
     """One [N, K] weight held once, in the layout its kernel wants; ``__call__`` maps [M, K] -> [M, N].
 
-    Invariant: with ``invariant=True`` row i of the output depends on row i of the input alone.
+    Invariant: with ``invariant=True`` (and always for a quantized weight) row i of the output depends
+    on row i of the input alone. Outputs are in ``dtype`` (the engine's).
     """
 
-    def __init__(self, weight: torch.Tensor, invariant: bool):
+    def __init__(
+        self, weight: torch.Tensor | QuantizedWeight, invariant: bool, dtype: torch.dtype | None = None
+    ):
         self.invariant = invariant
-        self.dtype = weight.dtype
+        self.dtype = dtype or (weight.dtype if isinstance(weight, torch.Tensor) else torch.float32)
         self.out_features, self.in_features = weight.shape
-        self.packed = invariant and weight.device.type == "cpu"
+        self.quantized: str | None = None  # the GGUF type when held quantized
+        self.format = -1  # quant_pack format when quantized
+        self.packed = False
         self.data = self._prepare(weight)
 
-    def _prepare(self, weight: torch.Tensor) -> torch.Tensor:
+    def _prepare(self, weight: torch.Tensor | QuantizedWeight) -> torch.Tensor:
+        if isinstance(weight, QuantizedWeight):
+            self.quantized, self.packed = weight.qtype, False
+            self.format, packed = pack_quantized(weight)
+            return packed  # [P, K / 32, tile bytes] uint8
+        self.quantized = None
+        self.packed = self.invariant and weight.device.type == "cpu"
         if self.packed:
             return kernels.pack_linear_weight(weight)  # [P, K, 16]
         return weight.contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # x: [M, K] -> [M, N]
+        if self.quantized:
+            return kernels.qlinear(x, self.data, self.format, self.out_features).to(self.dtype)
         if self.packed:
             return kernels.linear(x, self.data, self.out_features).to(self.dtype)
         return chunked_mm_linear(x, self.data) if self.invariant else F.linear(x, self.data)
@@ -75,13 +96,21 @@ class LinearWeight:
         return self.data.numel() * self.data.element_size()
 
     def dense(self) -> torch.Tensor:
-        """The weight as a plain [N, K] tensor (a copy when packed)."""
+        """The weight as a plain [N, K] tensor in ``dtype`` (a copy when packed or quantized)."""
+        if self.quantized:
+            return unpack_quantized(self.data, self.format, self.out_features).to(self.dtype)
         if self.packed:
             return kernels.unpack_linear_weight(self.data, self.out_features, self.dtype)
         return self.data
 
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` [T] of the weight as [T, K] in ``dtype``: an embedding lookup in a tied head."""
+        if self.quantized:
+            return quantized_rows(self.data, self.format, ids).to(self.dtype)
+        return self.dense()[ids]
+
     def replace(self, weight: torch.Tensor) -> None:
-        """Swap in a new [N, K] weight (mutates), prepared like the first."""
+        """Swap in a new [N, K] weight (mutates), held as a float weight in ``dtype`` from now on."""
         if tuple(weight.shape) != (self.out_features, self.in_features):
             raise ValueError(f"weight shape {tuple(weight.shape)} != {(self.out_features, self.in_features)}")
-        self.data = self._prepare(weight)
+        self.data = self._prepare(weight.to(self.dtype))

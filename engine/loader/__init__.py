@@ -12,6 +12,7 @@ from engine.errors import ModelFileError
 from engine.loader import gguf_file, hf_folder
 from engine.loader.sources import NAMED_MODELS, ModelSource, resolve_model
 from engine.loader.tokenizer import ChatTokenizer, IncrementalDetokenizer
+from engine.quantized import QuantizedWeight, dense
 
 __all__ = [
     "NAMED_MODELS",
@@ -27,12 +28,17 @@ __all__ = [
 
 @dataclass
 class LoadedModel:
-    """What a loader returns, whatever the source: config, float32 weights by HF name, tokenizer."""
+    """What a loader returns, whatever the source: config, weights by HF name as the file holds them
+    (float32 tensors, or QuantizedWeight blocks for a quantized GGUF tensor), tokenizer."""
 
     source: ModelSource
     config: ModelConfig
-    weights: dict[str, torch.Tensor]
+    weights: dict[str, torch.Tensor | QuantizedWeight]
     tokenizer: ChatTokenizer
+
+    def dense_weights(self) -> dict[str, torch.Tensor]:
+        """Every weight as float32 (quantized ones dequantized: the values our kernels compute with)."""
+        return {name: dense(w) for name, w in self.weights.items()}
 
 
 def load_config(source: ModelSource | str | Path) -> ModelConfig:
@@ -46,6 +52,7 @@ def load_config(source: ModelSource | str | Path) -> ModelConfig:
 def load_model(source: ModelSource | str | Path) -> LoadedModel:
     """Load config, weights and tokenizer; raises UnknownModelError / ModelFileError / UnsupportedModelError."""
     src = source if isinstance(source, ModelSource) else resolve_model(source)
+    weights: dict[str, torch.Tensor | QuantizedWeight]
     if src.kind == "gguf":
         reader = gguf_file.open_reader(src.path)
         config = gguf_file.gguf_config(reader, src.name)
@@ -54,12 +61,14 @@ def load_model(source: ModelSource | str | Path) -> LoadedModel:
     else:
         config = hf_folder.folder_config(src.path)
         tokenizer = hf_folder.folder_tokenizer(src.path, config)
-        weights = hf_folder.folder_weights(src.path)
+        weights = dict(hf_folder.folder_weights(src.path))
     _check_weights(config, weights, src)
     return LoadedModel(src, config, weights, tokenizer)
 
 
-def _check_weights(config: ModelConfig, weights: dict[str, torch.Tensor], src: ModelSource) -> None:
+def _check_weights(
+    config: ModelConfig, weights: dict[str, torch.Tensor | QuantizedWeight], src: ModelSource
+) -> None:
     """Every tensor the forward needs is present with the shape the config implies."""
     h, q, kv, i = config.hidden_size, config.q_size, config.kv_size, config.intermediate_size
     expected = {"model.embed_tokens.weight": (config.vocab_size, h), "model.norm.weight": (h,)}

@@ -1,5 +1,6 @@
-"""GGUF files of the Llama architecture: metadata -> ModelConfig, tensors dequantized through `gguf`,
-the tokenizer rebuilt from the file's vocabulary and merges, the chat template from its metadata.
+"""GGUF files of the Llama architecture: metadata -> ModelConfig, tensors as the file holds them
+(Q8_0 / Q4_0 / Q4_1 kept as QuantizedWeight blocks, float types as float32), the tokenizer rebuilt
+from the file's vocabulary and merges, the chat template from its metadata.
 
 Trap: llama.cpp's converter permutes attn_q / attn_k rows for its RoPE layout; we undo it so the
 weights are in the Hugging Face (rotate-half) layout the forward expects.
@@ -20,6 +21,7 @@ from engine.config import ModelConfig
 from engine.errors import ModelFileError, UnsupportedModelError
 from engine.loader.progress import track
 from engine.loader.tokenizer import ChatTokenizer
+from engine.quantized import BLOCK_BYTES, QuantizedWeight
 
 SUPPORTED_TYPES = {
     gguf.GGMLQuantizationType.F32,
@@ -95,6 +97,11 @@ def gguf_config(reader: gguf.GGUFReader, name: str) -> ModelConfig:
     tokens = cast("list[str]", _field(reader, "tokenizer.ggml.tokens") or [])
     vocab = _as_int(_field(reader, p + "vocab_size", len(tokens)))
     has_output = any(t.name == "output.weight" for t in reader.tensors)
+    quantized = tuple(
+        (hf, t.tensor_type.name)
+        for t in reader.tensors
+        if t.tensor_type.name in BLOCK_BYTES and (hf := _hf_name(t.name)) is not None
+    )
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     return ModelConfig(
         architecture="llama",
@@ -113,6 +120,7 @@ def gguf_config(reader: gguf.GGUFReader, name: str) -> ModelConfig:
         bos_token_id=cast("int | None", _field(reader, "tokenizer.ggml.bos_token_id")),
         eos_token_ids=() if eos is None else (_as_int(eos),),
         name=name,
+        quantized_weights=quantized,
     )
 
 
@@ -133,10 +141,32 @@ def _hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def gguf_weights(reader: gguf.GGUFReader, config: ModelConfig, name: str) -> dict[str, torch.Tensor]:
-    """Dequantize every tensor to float32, under its Hugging Face name, q/k un-permuted."""
-    weights: dict[str, torch.Tensor] = {}
-    for tensor in track(reader.tensors, len(reader.tensors), f"dequantizing {name}"):
+def _tensor(tensor: gguf.ReaderTensor) -> torch.Tensor | QuantizedWeight:
+    """One GGUF tensor, copied out of the file's mapping: quantized blocks kept, float types widened."""
+    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+    qtype = tensor.tensor_type.name
+    if qtype in BLOCK_BYTES and len(shape) == 2:
+        raw = np.array(tensor.data, dtype=np.uint8, copy=True)  # [N, K / 32 * block bytes]
+        blocks = torch.from_numpy(raw).view(shape[0], shape[1] // 32, BLOCK_BYTES[qtype])
+        return QuantizedWeight(qtype, blocks, (shape[0], shape[1]))
+    try:
+        array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    except (ValueError, NotImplementedError) as exc:
+        raise ModelFileError(f"cannot dequantize {tensor.name}: {exc}") from None
+    return torch.from_numpy(np.array(array, dtype=np.float32, copy=True)).reshape(shape)
+
+
+def _row_order(out_dim: int, n_heads: int) -> torch.Tensor:
+    """The row order ``_unpermute`` gives, as indices: [out_dim] long."""
+    return _unpermute(torch.arange(out_dim).view(out_dim, 1), n_heads).view(-1)
+
+
+def gguf_weights(
+    reader: gguf.GGUFReader, config: ModelConfig, name: str
+) -> dict[str, torch.Tensor | QuantizedWeight]:
+    """Every tensor under its Hugging Face name, q/k un-permuted; quantized ones stay quantized."""
+    weights: dict[str, torch.Tensor | QuantizedWeight] = {}
+    for tensor in track(reader.tensors, len(reader.tensors), f"loading {name}"):
         if tensor.tensor_type not in SUPPORTED_TYPES:
             raise UnsupportedModelError(
                 f"unsupported GGUF tensor type {tensor.tensor_type.name} in {tensor.name}"
@@ -144,16 +174,11 @@ def gguf_weights(reader: gguf.GGUFReader, config: ModelConfig, name: str) -> dic
         hf = _hf_name(tensor.name)
         if hf is None:
             continue  # e.g. rope_freqs: derived from the config instead
-        try:
-            array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        except (ValueError, NotImplementedError) as exc:
-            raise ModelFileError(f"cannot dequantize {tensor.name}: {exc}") from None
-        shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
-        w = torch.from_numpy(np.array(array, dtype=np.float32, copy=True)).reshape(shape)
-        if hf.endswith("q_proj.weight"):
-            w = _unpermute(w, config.num_heads)
-        elif hf.endswith("k_proj.weight"):
-            w = _unpermute(w, config.num_kv_heads)
+        w = _tensor(tensor)
+        heads = {"q_proj.weight": config.num_heads, "k_proj.weight": config.num_kv_heads}.get(hf[-13:])
+        if heads is not None:
+            order = _row_order(w.shape[0], heads)
+            w = w.take_rows(order) if isinstance(w, QuantizedWeight) else w[order]
         weights[hf] = w
     return weights
 

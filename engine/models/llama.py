@@ -19,6 +19,9 @@ from engine.layers.attention import AttentionPlan, paged_attention, plan_attenti
 from engine.layers.linear import LinearWeight
 from engine.layers.rmsnorm import rms_norm
 from engine.layers.rope import Rope
+from engine.quantized import QuantizedWeight, dense, quantize_q8_0
+
+Weight = torch.Tensor | QuantizedWeight
 
 
 @dataclass(frozen=True)
@@ -57,8 +60,13 @@ class PagedLlama:
 
     Linear weights are prepared once for the kernel (engine/layers/linear.py) and fused where rows
     share an input: q, k, v into one [q + 2 kv, hidden] weight, gate and up into one [2 inter, hidden].
-    A fused output column is computed exactly as the unfused one (measured bit-identical). The LM
-    head, when tied to the embedding, is held twice: plain for the lookup, packed for the matmul.
+    A fused output column is computed exactly as the unfused one (measured bit-identical). A float LM
+    head tied to the embedding is held twice, plain for the lookup and packed for the matmul; a
+    quantized one once, the lookup dequantizing its rows.
+
+    ``quantize`` (EngineConfig): "auto" keeps quantized weights quantized, "none" dequantizes them to
+    ``dtype``, "int8" also quantizes float linear weights (K a multiple of 32) to Q8_0. Quantized
+    weights need our CPU kernels: elsewhere they are dequantized.
     """
 
     FUSED = {
@@ -69,18 +77,19 @@ class PagedLlama:
     def __init__(
         self,
         config: ModelConfig,
-        weights: dict[str, torch.Tensor],
+        weights: dict[str, Weight],
         dtype: torch.dtype,
         device: torch.device,
         invariant: bool,
         faults: Faults,
+        quantize: str = "auto",
     ):
         self.config = config
         self.dtype = dtype
         self.device = device
         self.invariant = invariant
         self.faults = faults
-        plain = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
+        plain = self._held_weights(weights, quantize)
         # where each linear weight lives: name -> (prepared weight key, first row, rows)
         self.parts: dict[str, tuple[str, int, int]] = {}
         self.linears: dict[str, LinearWeight] = {}
@@ -91,36 +100,85 @@ class PagedLlama:
                 self._add_linear(p + fused, names, [plain.pop(n) for n in names])
             for single in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
                 self._add_linear(p + single, [p + single], [plain.pop(p + single)])
+        embedding = plain.pop("model.embed_tokens.weight")
         head = plain.pop("lm_head.weight", None)
-        self._add_linear(
-            "lm_head", ["lm_head.weight"], [head if head is not None else plain["model.embed_tokens.weight"]]
-        )
-        self.w = plain  # embeddings and norms
+        self._add_linear("lm_head", ["lm_head.weight"], [embedding if head is None else head])
+        # the lookup table: plain when float; a quantized one is read through a packed linear (the head's when tied)
+        self.embedding: LinearWeight | None = None
+        if isinstance(embedding, QuantizedWeight):
+            self.embedding = self.linears["lm_head"] if head is None else LinearWeight(embedding, True, dtype)
+        else:
+            plain["model.embed_tokens.weight"] = embedding
+        self.w: dict[str, torch.Tensor] = {k: v for k, v in plain.items() if isinstance(v, torch.Tensor)}
         self.rope = Rope(config.head_dim, config.rope_theta, config.max_position_embeddings, device)
         self.scale = config.head_dim**-0.5
 
-    def _add_linear(self, key: str, names: list[str], tensors: list[torch.Tensor]) -> None:
+    def _held_weights(self, weights: dict[str, Weight], quantize: str) -> dict[str, Weight]:
+        """Each weight as this model holds it: on the device in ``dtype``, or quantized (see the class)."""
+        keep_quantized = quantize != "none" and self.device.type == "cpu"
+        tied_embedding = self.config.tie_word_embeddings or "lm_head.weight" not in weights
+        held: dict[str, Weight] = {}
+        for name, w in weights.items():
+            if isinstance(w, QuantizedWeight) and keep_quantized:
+                held[name] = w
+                continue
+            t = dense(w).to(device=self.device, dtype=self.dtype)
+            linear = name.endswith("proj.weight") or name == "lm_head.weight"
+            linear = linear or (name == "model.embed_tokens.weight" and tied_embedding)
+            if quantize == "int8" and keep_quantized and linear and t.dim() == 2 and t.shape[1] % 32 == 0:
+                held[name] = quantize_q8_0(t)
+            else:
+                held[name] = t
+        return held
+
+    def _add_linear(self, key: str, names: list[str], weights: list[Weight]) -> None:
         row = 0
-        for name, t in zip(names, tensors, strict=True):
+        for name, t in zip(names, weights, strict=True):
             self.parts[name] = (key, row, t.shape[0])
             row += t.shape[0]
-        self.linears[key] = LinearWeight(torch.cat(tensors), self.invariant)
+        quantized = [w for w in weights if isinstance(w, QuantizedWeight)]
+        if len(quantized) == len(weights) and len({w.qtype for w in quantized}) == 1:
+            fused: Weight = QuantizedWeight.stack(quantized)
+        else:  # float, or quantized types that differ: the fused weight is held as float
+            fused = torch.cat([dense(w).to(device=self.device, dtype=self.dtype) for w in weights])
+        self.linears[key] = LinearWeight(fused, self.invariant, self.dtype)
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of every weight held (plain and packed)."""
+        """Bytes of every weight held (plain, packed and quantized)."""
         plain = sum(t.numel() * t.element_size() for t in self.w.values())
-        return plain + sum(lw.nbytes for lw in self.linears.values())
+        separate = self.embedding.nbytes if self.embedding not in (None, self.linears["lm_head"]) else 0
+        return plain + separate + sum(lw.nbytes for lw in self.linears.values())
+
+    @property
+    def quantized_types(self) -> dict[str, int]:
+        """GGUF type -> how many linear weights are held in it (empty when every weight is float)."""
+        counts: dict[str, int] = {}
+        for lw in self.linears.values():
+            if lw.quantized:
+                counts[lw.quantized] = counts.get(lw.quantized, 0) + 1
+        return counts
+
+    def embed_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Input embeddings of ``token_ids`` [N] long: [N, hidden] in ``dtype``."""
+        if self.embedding is not None:
+            return self.embedding.rows(token_ids)
+        return self.w["model.embed_tokens.weight"][token_ids]
 
     def weight(self, name: str) -> torch.Tensor:
         """Weight ``name`` (HF naming) as a plain tensor; for a linear, a copy of its rows."""
+        if name == "model.embed_tokens.weight" and self.embedding is not None:
+            return self.embedding.dense()
         if name in self.parts:
             key, row, rows = self.parts[name]
             return self.linears[key].dense()[row : row + rows].clone()
         return self.w[name]
 
     def set_weight(self, name: str, value: torch.Tensor) -> None:
-        """Replace weight ``name`` (mutates; used by fault injection)."""
+        """Replace weight ``name`` (mutates; used by fault injection). A quantized linear it lands in
+        is held as float from then on."""
+        if name == "model.embed_tokens.weight" and self.embedding is not None:
+            raise ValueError("a quantized embedding table cannot be replaced")
         if name not in self.parts:
             self.w[name].copy_(value)
             return
@@ -178,7 +236,7 @@ class PagedLlama:
         """Run one step's rows, writing their K/V; return float32 logits of the sample rows: [S, vocab]."""
         c = self.config
         n = batch.token_ids.shape[0]
-        x = self.w["model.embed_tokens.weight"][batch.token_ids]  # [N, hidden]
+        x = self.embed_rows(batch.token_ids)  # [N, hidden]
         group = c.num_heads // c.num_kv_heads
         plans = (
             []

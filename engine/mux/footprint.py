@@ -1,7 +1,9 @@
 """A real model's memory footprint, computed from its files and engine settings, never guessed.
 
     total = weights + KV pool + activations
-    weights          = values held (the config's parameters; a tied LM head twice: lookup + packed matmul) x dtype bytes
+    weights          = bytes held as the engine holds them (engine/models/held_weights.py): quantized
+                       weights as packed tiles, float ones x dtype bytes (a tied float LM head twice:
+                       lookup + packed matmul)
     KV pool          = num_kv_blocks x KV bytes per block (allocated up front, so known before any request)
     KV bytes / block = 2 (K and V) x num_layers x num_kv_heads x head_dim x block_size x dtype bytes
     activations      = a stated allowance (registry ``activation_mb``, CLI ``--activation-mb``)
@@ -96,8 +98,12 @@ def footprint_from_config(
     block_size: int,
     activation_bytes: int,
     name: str = "",
+    quantize: str = "auto",
 ) -> Footprint:
-    """The footprint of ``config`` as ``dtype``, its KV pool ``num_kv_blocks`` x ``block_size`` tokens."""
+    """The footprint of ``config`` as ``dtype`` (and ``quantize``), its KV pool ``num_kv_blocks`` x
+    ``block_size`` tokens, on the CPU (on a GPU quantized weights are held dequantized: "none")."""
+    from engine.models.held_weights import held_weight_bytes
+
     if num_kv_blocks < 1 or block_size < 1 or activation_bytes < 0:
         raise InvalidRequestError(
             "num_kv_blocks and block_size must be >= 1 and the activation allowance >= 0"
@@ -108,7 +114,7 @@ def footprint_from_config(
         name=name or config.name,
         dtype=dtype,
         num_params=config.num_params,
-        weight_bytes=config.held_params * width,
+        weight_bytes=held_weight_bytes(config, dtype, quantize),
         block_size=block_size,
         num_kv_blocks=num_kv_blocks,
         kv_bytes_per_block=kv_per_block,
@@ -118,7 +124,13 @@ def footprint_from_config(
 
 
 def footprint_of(
-    source: str, dtype: str, num_kv_blocks: int, block_size: int, activation_bytes: int, name: str = ""
+    source: str,
+    dtype: str,
+    num_kv_blocks: int,
+    block_size: int,
+    activation_bytes: int,
+    name: str = "",
+    quantize: str = "auto",
 ) -> Footprint:
     """Read ``source``'s config from its files (a named model, a folder or a .gguf); compute its footprint."""
     from engine.loader import resolve_model
@@ -128,7 +140,7 @@ def footprint_of(
     stamp = tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files if f.is_file())
     config = _config(resolved, stamp)
     return footprint_from_config(
-        config, dtype, num_kv_blocks, block_size, activation_bytes, name or resolved.name
+        config, dtype, num_kv_blocks, block_size, activation_bytes, name or resolved.name, quantize
     )
 
 
@@ -146,5 +158,11 @@ def footprint_of_spec(spec: ModelSpec) -> Footprint:
     if spec.source is None:
         raise InvalidRequestError(f"model {spec.name!r} has a declared size, no files to measure")
     return footprint_of(
-        spec.source, spec.dtype, spec.num_kv_blocks, spec.block_size, spec.activation_bytes, spec.name
+        spec.source,
+        spec.dtype,
+        spec.num_kv_blocks,
+        spec.block_size,
+        spec.activation_bytes,
+        spec.name,
+        spec.quantize,
     )

@@ -17,6 +17,7 @@ File format (every key but ``id``, ``name`` and one of ``size_mb`` / ``source`` 
     source = "smollm2"          # a named model, a model folder or a .gguf file (relative to this file)
     pinned = true               # never evicted once loaded
     dtype = "float32"           # engine settings the footprint depends on
+    quantize = "auto"           # auto (a GGUF's quantized weights kept), none or int8
     num_kv_blocks = 256
     block_size = 16
     activation_mb = 64          # the stated allowance for activations
@@ -44,12 +45,14 @@ DEFAULT_BLOCK_SIZE = 16
 DEFAULT_NUM_KV_BLOCKS = 1024
 DEFAULT_ACTIVATION_MB = 64.0
 DTYPE_BYTES: Mapping[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
+QUANTIZE_MODES = ("auto", "none", "int8")  # EngineConfig.quantize (defined here: this module is torch-free)
 DEMO_REGISTRY = Path(__file__).resolve().parents[2] / "fixtures" / "mux-demo.toml"
 
 _INHERITED = (
     "prefill_tok_s",
     "decode_tok_s",
     "dtype",
+    "quantize",
     "block_size",
     "num_kv_blocks",
     "activation_mb",
@@ -79,6 +82,7 @@ class ModelSpec:
     prefill_tok_s: float = DEFAULT_PREFILL_TOK_S
     decode_tok_s: float = DEFAULT_DECODE_TOK_S
     dtype: str = DEFAULT_DTYPE
+    quantize: str = "auto"
     block_size: int = DEFAULT_BLOCK_SIZE
     num_kv_blocks: int = DEFAULT_NUM_KV_BLOCKS
     activation_bytes: int = int(DEFAULT_ACTIVATION_MB * MB)
@@ -93,6 +97,10 @@ class ModelSpec:
         if self.dtype not in DTYPE_BYTES:
             raise RegistryError(
                 f"model {self.name!r}: dtype {self.dtype!r} is not one of {', '.join(DTYPE_BYTES)}"
+            )
+        if self.quantize not in QUANTIZE_MODES:
+            raise RegistryError(
+                f"model {self.name!r}: quantize {self.quantize!r} is not one of {', '.join(QUANTIZE_MODES)}"
             )
         for key in ("prefill_tok_s", "decode_tok_s"):
             value = getattr(self, key)
@@ -225,6 +233,7 @@ def _parse_model(
             prefill_tok_s=float(_typed(merged, "prefill_tok_s", (int, float), DEFAULT_PREFILL_TOK_S, where)),
             decode_tok_s=float(_typed(merged, "decode_tok_s", (int, float), DEFAULT_DECODE_TOK_S, where)),
             dtype=_typed(merged, "dtype", str, DEFAULT_DTYPE, where),
+            quantize=_typed(merged, "quantize", str, "auto", where),
             block_size=_typed(merged, "block_size", int, DEFAULT_BLOCK_SIZE, where),
             num_kv_blocks=_typed(merged, "num_kv_blocks", int, DEFAULT_NUM_KV_BLOCKS, where),
             activation_bytes=int(

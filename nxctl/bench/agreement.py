@@ -35,7 +35,8 @@ def teacher_forced_agreement(
     """Top-1 agreement of ``dtype`` with ``baseline_dtype`` at every generated position of ``paths``."""
     dev = resolve_device(device)
     models = [
-        ReferenceLlama(loaded.config, loaded.weights, parse_dtype(d), dev) for d in (dtype, baseline_dtype)
+        ReferenceLlama(loaded.config, loaded.dense_weights(), parse_dtype(d), dev)
+        for d in (dtype, baseline_dtype)
     ]
     same = total = 0
     for prompt, path in zip(prompts, paths, strict=True):

@@ -7,6 +7,11 @@ from typing import NoReturn
 
 import typer
 
+QUANTIZE_HELP = (
+    "auto: keep a GGUF's quantized weights quantized (Q8_0, Q4_0, Q4_1); none: dequantize to --dtype; "
+    "int8: also quantize float weights to Q8_0."
+)
+
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``nxctl: error: <message>`` as one line on stderr and exit with ``code``."""

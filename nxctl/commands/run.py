@@ -13,7 +13,7 @@ from engine.errors import NxError
 from engine.llm_engine import LLM
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from nxctl.commands.common import fail
+from nxctl.commands.common import QUANTIZE_HELP, fail
 
 
 def stream_turn(
@@ -53,6 +53,7 @@ def run(
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass, in (0, 1].")] = 1.0,
     seed: Annotated[int | None, typer.Option(help="Seed of this request's random stream.")] = None,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
+    quantize: Annotated[str, typer.Option("--quantize", help=QUANTIZE_HELP)] = "auto",
 ) -> None:
     """One chat turn with a model, printed as it is generated."""
     if prompt is None:
@@ -65,7 +66,7 @@ def run(
         params = SamplingParams(
             max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
         )
-        llm = LLM(model, dtype=dtype)
+        llm = LLM(model, dtype=dtype, quantize=quantize)
         stream_turn(llm, prompt, params, raw)
     except NxError as exc:
         fail(str(exc))

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from engine.errors import InvalidRequestError
-from nxctl.commands.common import fail
+from nxctl.commands.common import QUANTIZE_HELP, fail
 from nxctl.server.settings import DEFAULT_PORT, SeatSettings, parse_duration
 
 
@@ -30,6 +30,7 @@ def build_settings(
     api_key: str | None = None,
     device: str = "auto",
     dtype: str = "float32",
+    quantize: str = "auto",
     num_kv_blocks: int = 1024,
     default_max_tokens: int = 512,
     keep_alive: str = "5m",
@@ -46,6 +47,7 @@ def build_settings(
         budget_mb=budget_mb,
         device=device,
         dtype=dtype,
+        quantize=quantize,
         num_kv_blocks=num_kv_blocks,
         max_queue=max_queue,
         dlq_path=dlq,
@@ -148,6 +150,7 @@ def serve(
     dtype: Annotated[
         str, typer.Option("--dtype", help="float32, bfloat16 or float16 (for --model models).")
     ] = "float32",
+    quantize: Annotated[str, typer.Option("--quantize", help=QUANTIZE_HELP)] = "auto",
     num_kv_blocks: Annotated[
         int, typer.Option("--num-kv-blocks", help="KV pool blocks per --model model.")
     ] = 1024,
@@ -167,7 +170,8 @@ def serve(
     try:
         settings = build_settings(
             model, host, port, registry, budget_mb, max_queue, dlq, dlq_max_rows, dlq_redact, drain_timeout,
-            api_key, device, dtype, num_kv_blocks, default_max_tokens, keep_alive, max_body_mb, quiet,
+            api_key, device, dtype, quantize, num_kv_blocks, default_max_tokens, keep_alive, max_body_mb,
+            quiet,
         )  # fmt: skip
     except InvalidRequestError as exc:
         fail(str(exc))

@@ -43,7 +43,9 @@ Loader = Callable[[ModelSpec], SeatModel]
 def build_seat(settings: SeatSettings, loader: Loader | None = None) -> tuple[Seat, list[str]]:
     """The seat's shared state and the names to preload. ``loader`` replaces the real one (tests)."""
     metrics = SeatMetrics()
-    registry = seat_registry(settings.models, settings.registry, settings.dtype, settings.num_kv_blocks)
+    registry = seat_registry(
+        settings.models, settings.registry, settings.dtype, settings.num_kv_blocks, settings.quantize
+    )
     budget = None if settings.budget_mb is None else int(settings.budget_mb * MB)
     host = ModelHost(
         registry,

@@ -17,7 +17,11 @@ StatsHook = Callable[[str, LoopStats], None]
 
 
 def seat_registry(
-    models: Sequence[str], registry_path: Path | None, dtype: str = "float32", num_kv_blocks: int = 1024
+    models: Sequence[str],
+    registry_path: Path | None,
+    dtype: str = "float32",
+    num_kv_blocks: int = 1024,
+    quantize: str = "auto",
 ) -> Registry:
     """The registry file when given (``models`` must be in it), else one entry per ``--model`` (a named
     model, a model folder or a .gguf file), named as the loader names it (``tiny``, a folder's name)."""
@@ -31,7 +35,11 @@ def seat_registry(
         name = resolve_model(model).name
         if name in {s.name for s in specs}:
             raise InvalidRequestError(f"two models would both be served as '{name}'")
-        specs.append(ModelSpec(id=index, name=name, source=model, dtype=dtype, num_kv_blocks=num_kv_blocks))
+        specs.append(
+            ModelSpec(
+                id=index, name=name, source=model, dtype=dtype, quantize=quantize, num_kv_blocks=num_kv_blocks
+            )
+        )
     return Registry(tuple(specs), origin="--model")
 
 
@@ -55,6 +63,7 @@ def make_loader(
         llm = LLM(
             spec.source,
             dtype=spec.dtype,
+            quantize=spec.quantize,
             device=device,
             num_kv_blocks=spec.num_kv_blocks,
             block_size=spec.block_size,

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.config import QUANTIZE_MODES
 from engine.errors import InvalidRequestError
 
 DEFAULT_PORT = 11434
@@ -59,6 +60,7 @@ class SeatSettings:
     budget_mb: float | None = None
     device: str = "auto"
     dtype: str = "float32"
+    quantize: str = "auto"
     num_kv_blocks: int = 1024
     max_queue: int = 256
     dlq_path: Path | None = None  # None: default_dlq_path()
@@ -83,6 +85,7 @@ class SeatSettings:
             "max_body_bytes": self.max_body_bytes >= 1024,
             "num_kv_blocks": self.num_kv_blocks >= 1,
             "budget_mb": self.budget_mb is None or self.budget_mb > 0,
+            "quantize": self.quantize in QUANTIZE_MODES,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:

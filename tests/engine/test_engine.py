@@ -14,7 +14,7 @@ from engine.sampling_params import SamplingParams
 
 
 def _reference(loaded) -> ReferenceLlama:
-    return ReferenceLlama(loaded.config, loaded.weights, torch.float32, torch.device("cpu"))
+    return ReferenceLlama(loaded.config, loaded.dense_weights(), torch.float32, torch.device("cpu"))
 
 
 def test_paged_matches_reference_on_tiny(tiny_llm: LLM, tiny_loaded) -> None:

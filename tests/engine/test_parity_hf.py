@@ -60,7 +60,9 @@ def test_smollm2_chat_tokens_equal_transformers(smollm2_loaded, hf_smollm2) -> N
 @pytest.mark.smollm2
 def test_smollm2_logits_and_greedy_match_transformers(smollm2_loaded, hf_smollm2) -> None:
     hf_model, _ = hf_smollm2
-    ref = ReferenceLlama(smollm2_loaded.config, smollm2_loaded.weights, torch.float32, torch.device("cpu"))
+    ref = ReferenceLlama(
+        smollm2_loaded.config, smollm2_loaded.dense_weights(), torch.float32, torch.device("cpu")
+    )
     tok = smollm2_loaded.tokenizer
     for prompt in PROMPTS:
         ids = tok.encode_chat([{"role": "user", "content": prompt}])
@@ -75,7 +77,7 @@ def test_smollm2_logits_and_greedy_match_transformers(smollm2_loaded, hf_smollm2
 
 
 def test_tiny_logits_and_greedy_match_transformers(tiny_loaded, hf_tiny) -> None:
-    ref = ReferenceLlama(tiny_loaded.config, tiny_loaded.weights, torch.float32, torch.device("cpu"))
+    ref = ReferenceLlama(tiny_loaded.config, tiny_loaded.dense_weights(), torch.float32, torch.device("cpu"))
     tok = tiny_loaded.tokenizer
     for prompt in PROMPTS:
         ids = tok.encode_chat([{"role": "user", "content": prompt}])

@@ -19,7 +19,7 @@ const nxk::KernelTable& table_for(const std::string& isa) {
 bool cpu_has_avx2() {
 #if defined(__x86_64__) || defined(_M_X64)
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 #else
   return false;
 #endif
@@ -54,6 +54,30 @@ torch::Tensor linear(const std::string& isa, const torch::Tensor& x, const torch
     const auto* w = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
     at::parallel_for(0, panels, grain, [&](int64_t b, int64_t e) { t.linear_bf16(xp, m, k, w, n, yp, b, e); });
   }
+  return y;
+}
+
+// x [M, K] float32; packed [P, K / 32, tile bytes] uint8 in ``format`` (quantized.h) -> y [M, N] float32
+torch::Tensor qlinear(const std::string& isa, const torch::Tensor& x, const torch::Tensor& packed, int64_t format,
+                      int64_t n) {
+  check_cpu(x, "x");
+  check_cpu(packed, "packed weight");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x must be [M, K] float32");
+  TORCH_CHECK(format == nxk::kQ8 || format == nxk::kQ4, "unknown quantized format ", format);
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == torch::kUInt8 && packed.size(2) == nxk::tile_bytes(format),
+              "packed weight must be [P, K / 32, ", nxk::tile_bytes(format), "] uint8");
+  const int64_t m = x.size(0), k = x.size(1), panels = packed.size(0);
+  TORCH_CHECK(packed.size(1) * nxk::kQBlock == k, "x has K=", k, " but the weight ", packed.size(1) * nxk::kQBlock);
+  TORCH_CHECK(panels == (n + nxk::kPanel - 1) / nxk::kPanel, "packed weight does not hold N=", n);
+  auto y = torch::empty({m, n}, x.options());
+  if (m == 0) return y;
+  const auto& t = table_for(isa);
+  const auto fn = format == nxk::kQ8 ? t.qlinear_q8 : t.qlinear_q4;
+  const float* xp = x.data_ptr<float>();
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  float* yp = y.data_ptr<float>();
+  const int64_t grain = std::max<int64_t>(2, 16 / std::max<int64_t>(1, m));  // even: panel pairs stay whole
+  at::parallel_for(0, panels, grain, [&](int64_t b, int64_t e) { fn(xp, m, k, w, n, yp, b, e); });
   return y;
 }
 
@@ -168,12 +192,18 @@ torch::Tensor attention(const std::string& isa, const torch::Tensor& q, const to
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "nxctl's fixed-order CPU kernels (see kernels.h for the order of every reduction)";
-  m.def("cpu_has_avx2", &cpu_has_avx2, "whether this CPU has AVX2 and FMA");
+  m.def("cpu_has_avx2", &cpu_has_avx2, "whether this CPU has AVX2, FMA and F16C");
   m.def("linear", &linear, "y = x @ W^T over a packed [P, K, 16] weight, float32 out");
+  m.def("qlinear", &qlinear, "y = x @ W^T over a packed quantized weight (quantized.h), float32 out");
   m.def("rms_norm", &rms_norm, "x / rms(x) per row, float32 out");
   m.def("softmax", &softmax, "softmax or log-softmax per row");
   m.def("silu_mul", &silu_mul, "silu(gate) * up per row of [gate | up]");
   m.def("attention", &attention, "causal attention over the paged cache, read in place");
   m.attr("PANEL") = nxk::kPanel;
   m.attr("LANES") = nxk::kLanes;
+  m.attr("QBLOCK") = nxk::kQBlock;
+  m.attr("Q8") = static_cast<int64_t>(nxk::kQ8);
+  m.attr("Q4") = static_cast<int64_t>(nxk::kQ4);
+  m.attr("Q8_TILE_BYTES") = nxk::tile_bytes(nxk::kQ8);
+  m.attr("Q4_TILE_BYTES") = nxk::tile_bytes(nxk::kQ4);
 }

@@ -1,5 +1,5 @@
-// The AVX2 + FMA instantiation. Everything in this file is compiled for that target (no -march flag
-// for the whole build); bindings.cpp calls into it only when the CPU has both and torch's own
+// The AVX2 + FMA (+ F16C) instantiation. Everything in this file is compiled for that target (no -march
+// flag for the whole build); bindings.cpp calls into it only when the CPU has all three and torch's own
 // dispatch (ATEN_CPU_CAPABILITY) allows AVX2 or better.
 #if defined(__x86_64__) || defined(_M_X64)
 // Library and shared headers first, so that nothing outside this file's own kernels is compiled
@@ -13,7 +13,7 @@
 
 #include "vec.h"
 
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
 
 #include "table.h"
@@ -28,6 +28,15 @@ struct Avx2Vec {
   static V load(const uint16_t* p) {
     const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  }
+  static V load_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static V load_i8(const int8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  static void load_nibbles(const uint8_t* p, V& lo, V& hi) {
+    const __m256i wide = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    lo = _mm256_cvtepi32_ps(_mm256_and_si256(wide, _mm256_set1_epi32(0x0F)));
+    hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(wide, 4));
   }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }

@@ -49,6 +49,32 @@ typename O::V vexp(typename O::V x) {
 
 // ---- linear: x [M, K] float32, packed weight [P, K, 16] (float32 or bf16 bits), y [M, N] float32 ----
 
+// the first ``cols`` (<= 16) of one output row's 16 columns, held in two vectors
+template <class O>
+void store_columns(float* y, typename O::V a0, typename O::V a1, int64_t cols) {
+  if (cols == kPanel) {
+    O::store(y, a0);
+    O::store(y + kLanes, a1);
+    return;
+  }
+  float tmp[kPanel];
+  O::store(tmp, a0);
+  O::store(tmp + kLanes, a1);
+  std::copy(tmp, tmp + cols, y);
+}
+
+// rows [m0, m1) of x [M, K] into xt by tiles of kRowTile rows, interleaved: tile t holds
+// xt[(t * K + k) * kRowTile + r] = x[m0 + t * kRowTile + r, k], zeros past m1. Returns the tile count.
+inline int64_t interleave_rows(const float* x, int64_t K, int64_t m0, int64_t m1, std::vector<float>& xt) {
+  const int64_t tiles = (m1 - m0 + kRowTile - 1) / kRowTile;
+  xt.assign(tiles * K * kRowTile, 0.0f);
+  for (int64_t m = m0; m < m1; ++m) {
+    float* tile = xt.data() + (m - m0) / kRowTile * K * kRowTile + (m - m0) % kRowTile;
+    for (int64_t k = 0; k < K; ++k) tile[k * kRowTile] = x[m * K + k];
+  }
+  return tiles;
+}
+
 // R rows (R <= kRowTile) x 16 columns. xt: the rows' inputs interleaved, xt[k * kRowTile + r].
 template <class O, class W, int R>
 void linear_tile(const float* xt, int64_t K, const W* panel, float* y, int64_t ldy, int64_t cols) {
@@ -64,17 +90,7 @@ void linear_tile(const float* xt, int64_t K, const W* panel, float* y, int64_t l
       acc[r][1] = O::fma(xb, w1, acc[r][1]);
     }
   }
-  for (int r = 0; r < R; ++r) {
-    if (cols == kPanel) {
-      O::store(y + r * ldy, acc[r][0]);
-      O::store(y + r * ldy + kLanes, acc[r][1]);
-    } else {
-      float tmp[kPanel];
-      O::store(tmp, acc[r][0]);
-      O::store(tmp + kLanes, acc[r][1]);
-      std::copy(tmp, tmp + cols, y + r * ldy);
-    }
-  }
+  for (int r = 0; r < R; ++r) store_columns<O>(y + r * ldy, acc[r][0], acc[r][1], cols);
 }
 
 template <class O, class W>
@@ -99,12 +115,7 @@ void linear_panels(const float* x, int64_t M, int64_t K, const W* packed, int64_
   std::vector<float> xt;
   for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
     const int64_t m1 = std::min(M, m0 + kRowBlock);
-    const int64_t tiles = (m1 - m0 + kRowTile - 1) / kRowTile;
-    xt.assign(tiles * K * kRowTile, 0.0f);
-    for (int64_t m = m0; m < m1; ++m) {
-      float* tile = xt.data() + (m - m0) / kRowTile * K * kRowTile + (m - m0) % kRowTile;
-      for (int64_t k = 0; k < K; ++k) tile[k * kRowTile] = x[m * K + k];
-    }
+    const int64_t tiles = interleave_rows(x, K, m0, m1, xt);
     for (int64_t p = panel_begin; p < panel_end; ++p) {
       const W* panel = packed + p * K * kPanel;
       const int64_t col = p * kPanel, cols = std::min(kPanel, N - col);

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "kernels.h"
+#include "quantized.h"
 
 namespace nxk {
 
@@ -19,6 +20,8 @@ struct KernelTable {
   void (*softmax)(const float*, int64_t, bool, float*, int64_t, int64_t);
   void (*silu_mul_f32)(const float*, int64_t, float*, int64_t, int64_t);
   void (*silu_mul_bf16)(const uint16_t*, int64_t, float*, int64_t, int64_t);
+  void (*qlinear_q8)(const float*, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
+  void (*qlinear_q4)(const float*, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
 };
 
 // The table instantiated over vector struct O.
@@ -35,6 +38,8 @@ KernelTable make_table(const char* name) {
       &softmax_rows<O>,
       &silu_mul_rows<O, float>,
       &silu_mul_rows<O, uint16_t>,
+      &qlinear_panels<O, kQ8>,
+      &qlinear_panels<O, kQ4>,
   };
 }
 

@@ -23,6 +23,28 @@ inline float bf16_to_float(uint16_t h) {
   return f;
 }
 
+// float16 bits -> float (exact: every float16 value is a float32 value)
+inline float f16_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu;
+  uint32_t bits;
+  if (exponent == 0x1F) {
+    bits = sign | 0x7F800000u | (mantissa << 13);  // inf, nan
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);  // normal: rebias 15 -> 127
+  } else if (mantissa == 0) {
+    bits = sign;  // zero
+  } else {  // subnormal: m * 2^-24, normal in float32
+    int shift = 0;
+    uint32_t m = mantissa;
+    while (!(m & 0x400u)) m <<= 1, ++shift;
+    bits = sign | ((113 - shift) << 23) | ((m & 0x3FFu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
 inline float to_float(float f) { return f; }
 inline float to_float(uint16_t h) { return bf16_to_float(h); }
 
@@ -46,6 +68,25 @@ struct GenericVec {
     V v;
     for (int i = 0; i < kLanes; ++i) v.l[i] = bf16_to_float(p[i]);
     return v;
+  }
+  // 8 float16 values as floats
+  static V load_f16(const uint16_t* p) {
+    V v;
+    for (int i = 0; i < kLanes; ++i) v.l[i] = f16_to_float(p[i]);
+    return v;
+  }
+  // 8 signed bytes as floats
+  static V load_i8(const int8_t* p) {
+    V v;
+    for (int i = 0; i < kLanes; ++i) v.l[i] = static_cast<float>(p[i]);
+    return v;
+  }
+  // 8 bytes: their low nibbles as floats in lo, their high nibbles in hi
+  static void load_nibbles(const uint8_t* p, V& lo, V& hi) {
+    for (int i = 0; i < kLanes; ++i) {
+      lo.l[i] = static_cast<float>(p[i] & 0x0F);
+      hi.l[i] = static_cast<float>(p[i] >> 4);
+    }
   }
   static void store(float* p, V v) { std::memcpy(p, v.l, sizeof v.l); }
   static V fma(V a, V b, V c) {

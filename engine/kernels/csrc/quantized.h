@@ -1,0 +1,166 @@
+// Linear layers over weights kept quantized: each weight is dequantized in registers to exactly the
+// float32 value gguf's reference dequantizer gives, then used as in kernels.h's linear. So every
+// output is the same fma chain over k = 0..K-1 as the float32 path over the dequantized weight, bit
+// for bit: the quantized path inherits that path's invariance and its agreement is exact.
+//
+// Packed layout ([P, K / 32, tile bytes] uint8, built once at load by engine/kernels/quant_pack.py):
+// per panel of 16 output columns and block of 32 k, one tile, as many bytes as GGUF's 16 blocks
+//   Q8   d[16] float16, then q[32][16] int8                      w = q * d
+//   Q4   d[16] float16, m[16] float16, then q[32][8] bytes:      w = fma(q, d, m)
+//        byte j of a row holds column j in its low nibble and column j + 8 in its high nibble
+// GGUF's Q8_0 is Q8; Q4_1 is Q4 with its own min m; Q4_0 is Q4 with m = -8 d. Every product q * d is
+// exact in float32 (an 11-bit f16 scale times at most 8 bits), so fma(q, d, m) is gguf's d * q + m.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "kernels.h"
+
+namespace nxk {
+
+constexpr int64_t kQBlock = 32;  // k per quantization block (GGUF's QK8_0, QK4_0, QK4_1)
+enum QFormat : int { kQ8 = 0, kQ4 = 1 };
+
+constexpr int64_t kScaleBytes = kPanel * 2;  // 16 float16 scales (or mins)
+
+constexpr int64_t tile_bytes(int format) {
+  return format == kQ8 ? kScaleBytes + kQBlock * kPanel : 2 * kScaleBytes + kQBlock * kPanel / 2;
+}
+
+// One tile's scales in registers; ``at(kk)`` gives row kk's 16 weights as two vectors.
+template <class O, int F>
+struct QTile {
+  using V = typename O::V;
+  const uint8_t* quants;
+  V d0, d1, m0, m1;
+
+  explicit QTile(const uint8_t* tile) {
+    const uint16_t* d = reinterpret_cast<const uint16_t*>(tile);
+    d0 = O::load_f16(d);
+    d1 = O::load_f16(d + kLanes);
+    if constexpr (F == kQ4) {
+      m0 = O::load_f16(d + kPanel);
+      m1 = O::load_f16(d + kPanel + kLanes);
+      quants = tile + 2 * kScaleBytes;
+    } else {
+      m0 = m1 = O::zero();
+      quants = tile + kScaleBytes;
+    }
+  }
+
+  void at(int64_t kk, V& w0, V& w1) const {
+    if constexpr (F == kQ8) {
+      const int8_t* q = reinterpret_cast<const int8_t*>(quants) + kk * kPanel;
+      w0 = O::mul(O::load_i8(q), d0);
+      w1 = O::mul(O::load_i8(q + kLanes), d1);
+    } else {
+      V q0, q1;
+      O::load_nibbles(quants + kk * (kPanel / 2), q0, q1);
+      w0 = O::fma(q0, d0, m0);
+      w1 = O::fma(q1, d1, m1);
+    }
+  }
+};
+
+// R rows (R <= kRowTile) x NP adjacent panels, weights dequantized in registers. Several panels keep
+// more independent fma chains in flight when there are few rows; each output's chain is unchanged.
+template <class O, int F, int R, int NP>
+void qlinear_tile(const float* xt, int64_t K, const uint8_t* panel, int64_t panel_bytes, float* y,
+                  int64_t ldy, const int64_t* cols) {
+  using V = typename O::V;
+  constexpr int64_t TB = tile_bytes(F);
+  V acc[R][2 * NP];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 2 * NP; ++j) acc[r][j] = O::zero();
+  for (int64_t b = 0; b < K / kQBlock; ++b) {
+    const QTile<O, F> t0(panel + b * TB);
+    const QTile<O, F> t1(panel + (NP > 1 ? panel_bytes : 0) + b * TB);
+    for (int64_t kk = 0; kk < kQBlock; ++kk) {
+      const float* xk = xt + (b * kQBlock + kk) * kRowTile;
+      V w[2 * NP];
+      t0.at(kk, w[0], w[1]);
+      if constexpr (NP > 1) t1.at(kk, w[2], w[3]);
+      for (int r = 0; r < R; ++r) {
+        const V xb = O::set1(xk[r]);
+        for (int j = 0; j < 2 * NP; ++j) acc[r][j] = O::fma(xb, w[j], acc[r][j]);
+      }
+    }
+  }
+  for (int p = 0; p < NP; ++p)
+    for (int r = 0; r < R; ++r) store_columns<O>(y + r * ldy + p * kPanel, acc[r][2 * p], acc[r][2 * p + 1], cols[p]);
+}
+
+template <class O, int F, int NP>
+void qlinear_tile_rows(int64_t rows, const float* xt, int64_t K, const uint8_t* panel, int64_t panel_bytes,
+                       float* y, int64_t ldy, const int64_t* cols) {
+  switch (rows) {
+    case 6: qlinear_tile<O, F, 6, NP>(xt, K, panel, panel_bytes, y, ldy, cols); break;
+    case 5: qlinear_tile<O, F, 5, NP>(xt, K, panel, panel_bytes, y, ldy, cols); break;
+    case 4: qlinear_tile<O, F, 4, NP>(xt, K, panel, panel_bytes, y, ldy, cols); break;
+    case 3: qlinear_tile<O, F, 3, NP>(xt, K, panel, panel_bytes, y, ldy, cols); break;
+    case 2: qlinear_tile<O, F, 2, NP>(xt, K, panel, panel_bytes, y, ldy, cols); break;
+    default: qlinear_tile<O, F, 1, NP>(xt, K, panel, panel_bytes, y, ldy, cols); break;
+  }
+}
+
+// panel p dequantized into buf [K, 16] float32 (the layout kernels.h's linear_tile reads)
+template <class O, int F>
+void dequantize_panel(const uint8_t* panel, int64_t K, float* buf) {
+  constexpr int64_t TB = tile_bytes(F);
+  for (int64_t b = 0; b < K / kQBlock; ++b) {
+    const QTile<O, F> t(panel + b * TB);
+    for (int64_t kk = 0; kk < kQBlock; ++kk) {
+      typename O::V w0, w1;
+      t.at(kk, w0, w1);
+      float* row = buf + (b * kQBlock + kk) * kPanel;
+      O::store(row, w0);
+      O::store(row + kLanes, w1);
+    }
+  }
+}
+
+// Column panels [panel_begin, panel_end) of y = x @ W^T for a packed quantized W. Up to one row tile,
+// in-register dequantization (two panels at a time for one or two rows); more rows, each panel is
+// dequantized once per row block into a buffer and the float32 tiles run over it. Same weights,
+// same chains: the two routes give the same bits.
+template <class O, int F>
+void qlinear_panels(const float* x, int64_t M, int64_t K, const uint8_t* packed, int64_t N, float* y,
+                    int64_t panel_begin, int64_t panel_end) {
+  const int64_t panel_bytes = K / kQBlock * tile_bytes(F);
+  const auto cols_of = [N](int64_t p) { return std::min(kPanel, N - p * kPanel); };
+  if (M <= kRowTile) {
+    std::vector<float> xt(K * kRowTile, 0.0f);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k) xt[k * kRowTile + m] = x[m * K + k];
+    for (int64_t p = panel_begin; p < panel_end;) {
+      const uint8_t* panel = packed + p * panel_bytes;
+      if (M <= 2 && p + 1 < panel_end) {
+        const int64_t cols[2] = {cols_of(p), cols_of(p + 1)};
+        qlinear_tile_rows<O, F, 2>(M, xt.data(), K, panel, panel_bytes, y + p * kPanel, N, cols);
+        p += 2;
+      } else {
+        const int64_t cols[1] = {cols_of(p)};
+        qlinear_tile_rows<O, F, 1>(M, xt.data(), K, panel, panel_bytes, y + p * kPanel, N, cols);
+        p += 1;
+      }
+    }
+    return;
+  }
+  std::vector<float> xt, wbuf(K * kPanel);
+  for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
+    const int64_t m1 = std::min(M, m0 + kRowBlock);
+    const int64_t tiles = interleave_rows(x, K, m0, m1, xt);
+    for (int64_t p = panel_begin; p < panel_end; ++p) {
+      dequantize_panel<O, F>(packed + p * panel_bytes, K, wbuf.data());
+      for (int64_t t = 0; t < tiles; ++t) {
+        const int64_t m = m0 + t * kRowTile;
+        linear_tile_rows<O, float>(std::min(kRowTile, m1 - m), xt.data() + t * K * kRowTile, K, wbuf.data(),
+                                   y + m * N + p * kPanel, N, cols_of(p));
+      }
+    }
+  }
+}
+
+}  // namespace nxk

@@ -1,0 +1,63 @@
+"""The bytes PagedLlama holds for a model's weights, from its config alone (no tensor is read).
+
+The same holding rules as engine/models/llama.py, counted instead of applied: fused q|k|v and gate|up
+linears, quantized when all their parts are of one quantized type (packed tiles, see
+engine/kernels/quant_pack.py), float otherwise (packed panels of 16 rows on the CPU when invariant:
+float32, or bfloat16 kept); a float embedding table held beside a tied head, a quantized one read
+through it. tests/engine/test_quantized_engine.py checks these counts against loaded engines.
+"""
+
+from __future__ import annotations
+
+from engine.config import QUANTIZE_MODES, ModelConfig, dtype_bytes, parse_dtype
+from engine.kernels.quant_pack import PANEL, packed_bytes
+from engine.quantized import BLOCK
+
+EMBEDDING = "model.embed_tokens.weight"
+
+
+def held_weight_bytes(
+    config: ModelConfig, dtype: str, quantize: str = "auto", invariant: bool = True, on_cpu: bool = True
+) -> int:
+    """Bytes of every weight a PagedLlama of ``config`` holds with these engine settings."""
+    if quantize not in QUANTIZE_MODES:
+        raise ValueError(f"unsupported quantize mode {quantize!r}")
+    torch_dtype = parse_dtype(dtype)
+    width = dtype_bytes(torch_dtype)
+    packed = invariant and on_cpu
+    panel_width = (2 if dtype == "bfloat16" else 4) if packed else width
+    file_types = dict(config.quantized_weights) if quantize != "none" and on_cpu else {}
+    tied = config.tie_word_embeddings
+
+    def kind(name: str, k: int) -> str | None:
+        if name in file_types:
+            return file_types[name]
+        linear = name.endswith("proj.weight") or name == "lm_head.weight" or (name == EMBEDDING and tied)
+        return "Q8_0" if quantize == "int8" and on_cpu and linear and k % BLOCK == 0 else None
+
+    def linear(parts: list[tuple[str, int]], k: int) -> int:
+        kinds = {kind(name, k) for name, _ in parts}
+        rows = sum(r for _, r in parts)
+        only = next(iter(kinds))
+        if len(kinds) == 1 and only is not None:
+            return packed_bytes(only, rows, k)
+        return (-(-rows // PANEL) * PANEL if packed else rows) * k * panel_width
+
+    h, q, kv, inter = config.hidden_size, config.q_size, config.kv_size, config.intermediate_size
+    total = 0
+    for layer in range(config.num_layers):
+        p = f"model.layers.{layer}."
+        attn, mlp = p + "self_attn.", p + "mlp."
+        total += linear(
+            [(attn + "q_proj.weight", q), (attn + "k_proj.weight", kv), (attn + "v_proj.weight", kv)], h
+        )
+        total += linear([(attn + "o_proj.weight", h)], q)
+        total += linear([(mlp + "gate_proj.weight", inter), (mlp + "up_proj.weight", inter)], h)
+        total += linear([(mlp + "down_proj.weight", h)], inter)
+    total += linear([(EMBEDDING if tied else "lm_head.weight", config.vocab_size)], h)
+    embedding_kind = kind(EMBEDDING, h)
+    if embedding_kind is None:
+        total += config.vocab_size * h * width
+    elif not tied:
+        total += packed_bytes(embedding_kind, config.vocab_size, h)
+    return total + (2 * config.num_layers + 1) * h * width

@@ -1,0 +1,85 @@
+"""A weight kept in its GGUF block format, from the file (or quantized at load), never widened in memory.
+
+One record whatever its source: the ggml type, the raw blocks exactly as GGUF stores them, one row of
+blocks per output row, and the logical [N, K] shape. The loader fills it from a file's tensors;
+``quantize_q8_0`` makes one from a float weight (``--quantize int8``); engine/layers/linear.py packs it
+for the kernels (engine/kernels/csrc/quantized.h), which compute with exactly the values
+``dequantize`` gives (gguf's own reference dequantizer).
+
+    blocks  [N, K / 32, block bytes] uint8     Q8_0: f16 d, 32 x int8             (34 bytes)
+                                               Q4_0: f16 d, 16 bytes of nibbles   (18 bytes)
+                                               Q4_1: f16 d, f16 m, 16 bytes       (20 bytes)
+    nibbles: byte j of a block holds element j in its low nibble and element j + 16 in its high one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gguf
+import numpy as np
+import torch
+
+BLOCK = 32  # elements per block, every type here
+BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
+QTYPES = tuple(BLOCK_BYTES)
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """A [N, K] weight as GGUF blocks. Invariant: ``blocks.shape == (N, K // 32, BLOCK_BYTES[qtype])``."""
+
+    qtype: str
+    blocks: torch.Tensor  # [N, K / 32, block bytes] uint8
+    shape: tuple[int, int]  # (N, K): N output rows, K inputs
+
+    def __post_init__(self) -> None:
+        if self.qtype not in BLOCK_BYTES:
+            raise ValueError(f"unsupported quantized type {self.qtype}; supported: {', '.join(QTYPES)}")
+        n, k = self.shape
+        expected = (n, k // BLOCK, BLOCK_BYTES[self.qtype])
+        if k % BLOCK or tuple(self.blocks.shape) != expected or self.blocks.dtype != torch.uint8:
+            raise ValueError(
+                f"{self.qtype} blocks of a {n}x{k} weight must be uint8 {expected}, got "
+                f"{self.blocks.dtype} {tuple(self.blocks.shape)}"
+            )
+
+    @property
+    def nbytes(self) -> int:
+        return self.blocks.numel()
+
+    def dequantize(self) -> torch.Tensor:
+        """The [N, K] float32 weight, as gguf's reference dequantizer gives it."""
+        raw = self.blocks.reshape(self.shape[0], -1).numpy()
+        values = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[self.qtype])
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(self.shape)
+
+    def take_rows(self, order: torch.Tensor) -> QuantizedWeight:
+        """Rows reordered (or selected) by ``order`` [n'] long: blocks are per row, so this is exact."""
+        return QuantizedWeight(
+            self.qtype, self.blocks[order].contiguous(), (int(order.numel()), self.shape[1])
+        )
+
+    @staticmethod
+    def stack(parts: list[QuantizedWeight]) -> QuantizedWeight:
+        """Rows of several weights of one type and K, one after another (a fused q|k|v, gate|up)."""
+        qtype, k = parts[0].qtype, parts[0].shape[1]
+        if any(p.qtype != qtype or p.shape[1] != k for p in parts):
+            raise ValueError("only weights of one quantized type and input width stack")
+        rows = sum(p.shape[0] for p in parts)
+        return QuantizedWeight(qtype, torch.cat([p.blocks for p in parts]), (rows, k))
+
+
+def quantize_q8_0(weight: torch.Tensor) -> QuantizedWeight:
+    """A float [N, K] weight (K a multiple of 32) as Q8_0 blocks, by gguf's reference quantizer."""
+    n, k = weight.shape
+    if k % BLOCK:
+        raise ValueError(f"Q8_0 needs K a multiple of {BLOCK}, got {k}")
+    raw = gguf.quants.quantize(weight.float().numpy(), gguf.GGMLQuantizationType.Q8_0)  # [N, K / 32 * 34]
+    blocks = torch.from_numpy(np.ascontiguousarray(raw)).view(n, k // BLOCK, BLOCK_BYTES["Q8_0"])
+    return QuantizedWeight("Q8_0", blocks, (n, k))
+
+
+def dense(weight: torch.Tensor | QuantizedWeight) -> torch.Tensor:
+    """A weight as a plain float tensor (a quantized one dequantized to float32)."""
+    return weight.dequantize() if isinstance(weight, QuantizedWeight) else weight
