@@ -18,7 +18,7 @@ from engine.drive import Arrival, drive
 from engine.errors import CapacityError, InvalidRequestError
 from engine.kv.block_pool import BlockPool
 from engine.kv.cache import KVCache
-from engine.layers.sampler import sample
+from engine.layers.sampler import Sample, SampleRequest, sample_batch
 from engine.loader import ChatTokenizer, IncrementalDetokenizer, LoadedModel, load_model
 from engine.model_runner import ModelRunner
 from engine.models.llama import Faults, PagedLlama
@@ -28,6 +28,11 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import Sequence, Status
 from engine.snapshot import EngineCounters, EngineSnapshot, RequestView
+
+
+def rows_of(sampled: list[tuple[Sequence, int]]) -> list[int]:
+    """The logits rows of the sampled requests, in order."""
+    return [row for _, row in sampled]
 
 
 class Engine:
@@ -183,6 +188,9 @@ class Engine:
         self._count(out)
         logits, rows = self._runner.run(out)
         now = time.perf_counter()
+        sampled = [(item.seq, row) for item, row in zip(out.scheduled, rows, strict=True) if row is not None]
+        picked = rows_of(sampled)  # one batched sampling call for the step's sampled rows
+        choices = dict(zip(picked, sample_batch(logits[picked], self._sample_requests(sampled)), strict=True))
         results: list[RequestOutput] = []
         for item, row in zip(out.scheduled, rows, strict=True):
             seq = item.seq
@@ -192,12 +200,18 @@ class Engine:
             if row is None:
                 continue
             try:
-                self._append_token(seq, logits[row], now)
+                self._append_token(seq, choices[row], now)
             except Exception as exc:  # noqa: BLE001 - one request's failure must not take down the batch
                 seq.error = f"{type(exc).__name__}: {exc}"
                 self._finish(seq, "error")
             results.append(self._output(seq))
         return results
+
+    @staticmethod
+    def _sample_requests(sampled: list[tuple[Sequence, int]]) -> list[SampleRequest]:
+        return [
+            SampleRequest(s.params, s.generator, s.prompt_token_ids, s.output_token_ids) for s, _ in sampled
+        ]
 
     def _count(self, out: SchedulerOutput) -> None:
         st = self._stats
@@ -213,10 +227,11 @@ class Engine:
                 st.joins_mid_flight += any(other is not seq for other in started)
                 st.chunked_prompts += item.num_new_tokens < seq.num_uncomputed
 
-    def _append_token(self, seq: Sequence, logits: torch.Tensor, now: float) -> None:
+    def _append_token(self, seq: Sequence, choice: Sample | Exception, now: float) -> None:
         if seq.request_id in self._faults.fail_requests:
             raise RuntimeError("injected failure")
-        choice = sample(logits, seq.params, seq.generator, seq.prompt_token_ids, seq.output_token_ids)
+        if isinstance(choice, Exception):
+            raise choice
         seq.output_token_ids.append(choice.token_id)
         self._stats.tokens_generated += 1
         seq.logprobs.append(choice.logprob)

@@ -2,7 +2,9 @@
 
 Everything here is row-wise on one request's logits row [vocab], so a request's choice depends on
 its own logits, history and seed alone, never on its neighbours. Softmax and log-softmax are our
-fixed-order kernels (engine/kernels): the same bits at any thread count.
+fixed-order kernels (engine/kernels): the same bits at any thread count. ``sample_batch`` serves a
+whole step: one log-softmax call and one argmax over all rows (each still computed row by row, so a
+row's result is the one it gets alone), then per request only what its parameters need.
 """
 
 from __future__ import annotations
@@ -66,18 +68,60 @@ def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     return kernels.softmax(scaled.masked_fill(drop, float("-inf")))
 
 
+@dataclass(frozen=True)
+class SampleRequest:
+    """What sampling one row needs besides its logits: the request's parameters, stream and history."""
+
+    params: SamplingParams
+    generator: torch.Generator
+    prompt: list[int]
+    output: list[int]
+
+
+def sample_batch(logits: torch.Tensor, requests: list[SampleRequest]) -> list[Sample | Exception]:
+    """One token per row of ``logits`` [S, vocab] float32, row i for ``requests[i]``. A row whose
+    sampling raises gets its exception in its place; the other rows are unaffected."""
+    if logits.shape[0] == 0:
+        return []
+    logprobs = kernels.softmax(logits, log=True)  # [S, vocab], row by row
+    argmax = torch.argmax(logits, dim=-1).tolist()  # [S]: exact, the first maximum of each row
+    results: list[Sample | Exception] = []
+    for row, request in enumerate(requests):
+        plain_greedy = request.params.greedy and not request.params.has_penalties
+        try:
+            results.append(
+                sample(
+                    logits[row],
+                    request.params,
+                    request.generator,
+                    request.prompt,
+                    request.output,
+                    logprobs=logprobs[row],
+                    greedy_token=argmax[row] if plain_greedy else None,
+                )
+            )
+        except Exception as exc:  # noqa: BLE001 - one request's failure must not take down the batch
+            results.append(exc)
+    return results
+
+
 def sample(
     logits: torch.Tensor,
     params: SamplingParams,
     generator: torch.Generator,
     prompt: list[int],
     output: list[int],
+    logprobs: torch.Tensor | None = None,
+    greedy_token: int | None = None,
 ) -> Sample:
-    """Choose the next token from one request's logits row [vocab] (float32)."""
-    logprobs = kernels.softmax(logits, log=True)
+    """Choose the next token from one request's logits row [vocab] (float32). ``logprobs`` (its
+    log-softmax) and ``greedy_token`` (its argmax, for a greedy request without penalties) may come
+    precomputed from ``sample_batch``."""
+    if logprobs is None:
+        logprobs = kernels.softmax(logits, log=True)
     processed = apply_penalties(logits, params, prompt, output)
     if params.greedy:
-        token = int(torch.argmax(processed))
+        token = greedy_token if greedy_token is not None else int(torch.argmax(processed))
     else:
         token = int(torch.multinomial(filtered_probs(processed, params), 1, generator=generator))
     top: list[tuple[int, float]] = []

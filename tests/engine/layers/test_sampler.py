@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine import kernels
-from engine.layers.sampler import apply_penalties, filtered_probs, sample
+from engine.layers.sampler import SampleRequest, apply_penalties, filtered_probs, sample, sample_batch
 from engine.sampling_params import SamplingParams
 
 
@@ -318,3 +318,36 @@ def test_the_sampling_distribution_has_the_same_bits_at_any_thread_count(params)
     finally:
         torch.set_num_threads(saved)
     assert torch.equal(one, two)
+
+
+# ---- the whole step at once ------------------------------------------------------------------
+
+
+def test_sample_batch_gives_each_row_what_it_gets_alone():
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randn(5, 300, generator=gen)
+    params = [
+        SamplingParams(),
+        SamplingParams(temperature=0.8, seed=3),
+        SamplingParams(temperature=1.0, top_k=20, top_p=0.9, seed=4),
+        SamplingParams(repetition_penalty=1.3),
+        SamplingParams(logprobs=3),
+    ]
+    history = [[1, 2], [3], [], [7, 7, 9], [4]]
+    requests = [
+        SampleRequest(p, _gen(i), [5, 6], h) for i, (p, h) in enumerate(zip(params, history, strict=True))
+    ]
+    batched = sample_batch(logits, requests)
+    alone = [
+        sample(logits[i], p, _gen(i), [5, 6], h) for i, (p, h) in enumerate(zip(params, history, strict=True))
+    ]
+    assert batched == alone
+    assert sample_batch(torch.empty(0, 300), []) == []
+
+
+def test_sample_batch_keeps_a_failing_row_to_itself():
+    logits = torch.randn(2, 50, generator=torch.Generator().manual_seed(8))
+    broken = SampleRequest(SamplingParams(temperature=1.0, seed=1), "not a generator", [], [])  # type: ignore[arg-type]
+    first, second = sample_batch(logits, [SampleRequest(SamplingParams(), _gen(0), [], []), broken])
+    assert isinstance(second, TypeError)
+    assert not isinstance(first, Exception) and first.token_id == int(torch.argmax(logits[0]))
