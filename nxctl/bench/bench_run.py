@@ -1,7 +1,9 @@
 """Run the bench: load once, measure the machine, run every schedule interleaved ``repeat`` times.
 
 Each repeat runs the schedules in the same order (A B C ... A B C ...), each on a fresh engine over
-the same loaded weights and the same workload, so no run inherits another's prefix cache.
+the same loaded weights and the same workload, so no run inherits another's prefix cache. The
+subprocess peers (vllm, llamacpp, ct2) are the exception: each configuration runs all its repeats in
+one process, loaded once (nxctl/bench/peers/session.py).
 """
 
 from __future__ import annotations
@@ -16,19 +18,23 @@ import torch
 
 from engine.config import EngineConfig, ModelConfig, parse_dtype, resolve_device
 from engine.loader import LoadedModel, load_config, load_model, resolve_model
+from engine.models.held_weights import streamed_weight_bytes
 from engine.workload import WorkloadRequest, make_workload
 from nxctl.bench import agreement
 from nxctl.bench.http_client import run_http
 from nxctl.bench.machine import (
     compute_dtype,
-    forward_weight_bytes,
     matmul_peak_gflops,
     memory_read_gbps,
     model_flops,
     peak_rss_mb,
 )
+from nxctl.bench.memory_probe import measure
 from nxctl.bench.options import SEQUENTIAL_SUBSET, BenchOptions
 from nxctl.bench.peer_hf import load_hf_model, run_hf
+from nxctl.bench.peers.records import decode_tps, schedule_run
+from nxctl.bench.peers.registry import DEFAULT_PEERS_DIR, SUBPROCESS_SCHEDULES
+from nxctl.bench.peers.session import SINGLE, WORKLOAD, PeerOutcome, PeerRuns
 from nxctl.bench.schedules import (
     Advance,
     ScheduleRun,
@@ -58,8 +64,11 @@ class BenchResult:
     threads: int
     peak_rss_mb: float = 0.0
     extras: dict[str, float] = field(default_factory=dict)
+    memory: dict[str, float] = field(default_factory=dict)  # nxctl/bench/memory_probe.py's figures
     read_gbps: float | None = None  # the machine's memory read bandwidth measured in this run
     setup_s: dict[str, float] = field(default_factory=dict)  # wall time of loading, peak, warm-up
+    skipped: dict[str, str] = field(default_factory=dict)  # peer or schedule -> the line said about it
+    peer_info: dict[str, dict[str, Any]] = field(default_factory=dict)  # schedule -> what its driver said
 
 
 @dataclass
@@ -72,11 +81,13 @@ class _Context:
     read_gbps: float
     hf_model: Any
     start_task: StartTask
+    peer_runs: PeerRuns
     tokens: dict[str, list[list[int]]] = field(default_factory=dict)  # first repeat's token ids per run
 
     def engine_config(self, **overrides: Any) -> EngineConfig:
         base = {
             "dtype": self.opts.dtype,
+            "quantize": self.opts.quantize,
             "threads": self.opts.threads,
             "max_num_seqs": self.opts.max_num_seqs,
         }
@@ -84,15 +95,27 @@ class _Context:
 
 
 def _measured(ctx: _Context, name: str, run: ScheduleRun, dtype: str) -> dict[str, Any]:
-    """vLLM metrics plus achieved FLOP/s, its fraction of the measured peak, engine counters, tenants."""
+    """Our schedules' figures: weights streamed as the engine holds them (quantized, or at ``dtype``'s
+    size), FLOP/s against the peak of ``dtype``."""
+    step_bytes = streamed_weight_bytes(ctx.loaded.config, dtype, ctx.opts.quantize, name != "cb_fast")
+    return _figures(ctx, name, run, step_bytes, ctx.peaks[dtype])
+
+
+def _figures(
+    ctx: _Context, name: str, run: ScheduleRun, step_bytes: int | None, peak: float | None
+) -> dict[str, Any]:
+    """vLLM metrics plus achieved FLOP/s and its fraction of ``peak``, GB/s of weights (forwards x
+    ``step_bytes``) and its fraction of the read bandwidth, engine counters, tenants. A fraction or
+    GB/s that does not apply (no peak, forwards unknown) is None."""
     metrics = compute_metrics(run.records, run.duration)
     gflops = model_flops(ctx.loaded.config, run.work) / run.duration / 1e9
     metrics["achieved_gflops"] = gflops
-    metrics["peak_fraction"] = gflops / ctx.peaks[dtype]
-    streamed = run.work.forwards * forward_weight_bytes(ctx.loaded.config, parse_dtype(dtype))
-    gbps = streamed / run.duration / 1e9
+    metrics["peak_fraction"] = None if peak is None else gflops / peak
+    gbps = None
+    if step_bytes is not None and run.work.forwards:
+        gbps = run.work.forwards * step_bytes / run.duration / 1e9
     metrics["weights_gbps"] = gbps
-    metrics["bandwidth_fraction"] = gbps / ctx.read_gbps
+    metrics["bandwidth_fraction"] = None if gbps is None else gbps / ctx.read_gbps
     metrics.update(run.counters)
     tenants: dict[str, int] = {}
     for r in run.records:
@@ -106,7 +129,7 @@ def _requested(requests: list[WorkloadRequest]) -> int:
     return sum(r.output_len for r in requests)
 
 
-def _run_one(ctx: _Context, name: str, label: str) -> dict[str, Any]:
+def _run_one(ctx: _Context, name: str, label: str, rep: int) -> dict[str, Any]:
     """One schedule's run (the engine is made fresh for it)."""
     opts, reqs = ctx.opts, ctx.requests
     continuous = {
@@ -132,29 +155,70 @@ def _run_one(ctx: _Context, name: str, label: str) -> dict[str, Any]:
         advance = ctx.start_task(label, _requested(reqs))
         return _measured(ctx, name, run_hf(ctx.hf_model, reqs, opts.max_num_seqs, advance), opts.dtype)
     if name == "single":
-        return _single(ctx, label)
+        return _single(ctx, label, rep)
+    if name in SUBPROCESS_SCHEDULES:
+        return _peer(ctx, name, label, rep)
     raise ValueError(f"no runner for schedule {name!r}")
 
 
-def _single(ctx: _Context, label: str) -> dict[str, Any]:
-    """Decode tokens/s of the first request alone: our invariant engine, and the peer when there is one."""
+def _peer_outcome(ctx: _Context, name: str, label: str, tokens: int) -> PeerOutcome | None:
+    """A subprocess peer's answer; the first call runs its driver (a progress task for the wait)."""
+    fresh = name not in ctx.peer_runs.done
+    advance = ctx.start_task(f"{label} (subprocess)", tokens) if fresh else None
+    outcome = ctx.peer_runs.outcome(name)
+    if advance is not None:
+        advance(tokens)
+    return outcome
+
+
+def _peer_peak(ctx: _Context, outcome: PeerOutcome) -> float | None:
+    """The float32 matmul peak bounds a float32 peer on a CPU; other arithmetic has no measured peak."""
+    return ctx.peaks["float32"] if outcome.float_matmul and ctx.device.type == "cpu" else None
+
+
+def _peer(ctx: _Context, name: str, label: str, rep: int) -> dict[str, Any]:
+    """A subprocess peer's repeat ``rep`` of the workload, with the same figures as ours."""
+    outcome = _peer_outcome(ctx, name, label, _requested(ctx.requests))
+    if outcome is None:
+        return {}
+    run = schedule_run(outcome.requests[WORKLOAD], outcome.answer.runs[WORKLOAD][rep])
+    return _figures(ctx, name, run, outcome.step_bytes, _peer_peak(ctx, outcome))
+
+
+def _single(ctx: _Context, label: str, rep: int) -> dict[str, Any]:
+    """Decode tokens/s of the first request alone: our invariant engine, and the peers that ran it."""
     req = dataclasses.replace(ctx.requests[0], arrival_s=0.0)
     advance = ctx.start_task(label, req.output_len * (2 if ctx.hf_model is not None else 1))
     ours = run_static(make_engine(ctx.loaded, ctx.engine_config()), [req], 1, advance)
-    step_bytes = forward_weight_bytes(ctx.loaded.config, parse_dtype(ctx.opts.dtype))
+    step_bytes = streamed_weight_bytes(ctx.loaded.config, ctx.opts.dtype, ctx.opts.quantize)
     result: dict[str, Any] = {"output_len": req.output_len}
     runs = [("invariant", ours)]
     if ctx.hf_model is not None:
         runs.append(("hf", run_hf(ctx.hf_model, [req], 1, advance)))
     for who, run in runs:
-        tps = decode_tokens_per_s(run.records[0])
-        result[f"{who}_decode_tps"] = tps
-        result[f"{who}_ttft_ms"] = _ms(run.records[0].ttft)
-        # a decode step streams every weight once: tok/s x bytes per forward
-        gbps = None if tps is None else tps * step_bytes / 1e9
-        result[f"{who}_decode_weights_gbps"] = gbps
-        result[f"{who}_decode_bandwidth_fraction"] = None if gbps is None else gbps / ctx.read_gbps
+        record = run.records[0]
+        result |= _decode_figures(ctx, who, decode_tokens_per_s(record), record.ttft, step_bytes)
+    for name in ctx.peer_runs.schedules():
+        outcome = _peer_outcome(ctx, name, name, req.output_len)
+        if outcome is not None and SINGLE in outcome.answer.runs:
+            answer = outcome.answer.runs[SINGLE][rep].requests[0]
+            ttft = answer.token_times[0] if answer.token_times else None
+            result |= _decode_figures(ctx, name, decode_tps(answer), ttft, outcome.step_bytes)
     return result
+
+
+def _decode_figures(
+    ctx: _Context, who: str, tps: float | None, ttft_s: float | None, step_bytes: int | None
+) -> dict[str, float | None]:
+    """One request's decode tok/s, TTFT and weights streamed (a decode step reads every weight once:
+    tok/s x bytes per forward) with its fraction of the read bandwidth, named for ``who``."""
+    gbps = None if tps is None or step_bytes is None else tps * step_bytes / 1e9
+    return {
+        f"{who}_decode_tps": tps,
+        f"{who}_ttft_ms": _ms(ttft_s),
+        f"{who}_decode_weights_gbps": gbps,
+        f"{who}_decode_bandwidth_fraction": None if gbps is None else gbps / ctx.read_gbps,
+    }
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -184,6 +248,45 @@ def _dtype_agreement(ctx: _Context) -> dict[str, float]:
     return {"greedy_agreement": agreement.greedy_agreement(ours, base), "teacher_forced_top1_agreement": tf}
 
 
+QUANTIZED_AGREEMENT_REQUESTS = 16  # requests re-run on the float path for the quantized agreement
+
+
+def _quantized_agreement(ctx: _Context) -> dict[str, float]:
+    """The quantized path against the float32 path over the dequantized weights: the first requests'
+    greedy tokens from cb_invariant, re-run with ``quantize="none"``; teacher-forced top-1 along the
+    float path's tokens (engine_top1_agreement). Empty when nothing is held quantized or not greedy."""
+    opts = ctx.opts
+    ours = ctx.tokens.get("cb_invariant")
+    quantized = opts.quantize == "int8" or bool(ctx.loaded.config.quantized_weights)
+    if ours is None or not quantized or opts.quantize == "none" or opts.workload.sampling != "greedy":
+        return {}
+    subset = ctx.requests[:QUANTIZED_AGREEMENT_REQUESTS]
+    float_run = run_continuous(
+        make_engine(ctx.loaded, ctx.engine_config(quantize="none")), subset, lambda n: None
+    )
+    base = [r.token_ids for r in float_run.records]  # in request order, as ctx.tokens
+    ours = ours[: len(subset)]
+    engine = make_engine(ctx.loaded, ctx.engine_config())
+    prompts = [r.prompt_token_ids for r in subset]
+    return {
+        "quantized_vs_float_greedy_agreement": agreement.greedy_agreement(ours, base),
+        "quantized_vs_float_teacher_forced_top1_agreement": agreement.engine_top1_agreement(
+            engine, prompts, base, ours
+        ),
+    }
+
+
+def _memory(ctx: _Context, notify: Callable[[str], object]) -> dict[str, float]:
+    """memory_probe's figures for the run's model and settings (a fresh process), or empty if it failed."""
+    opts = ctx.opts
+    try:
+        figures = measure(opts.model, opts.dtype, opts.quantize, EngineConfig().num_kv_blocks)
+    except RuntimeError as exc:
+        notify(f"bench: {exc}")
+        return {}
+    return figures.to_json()
+
+
 def run_bench(
     opts: BenchOptions,
     start_task: StartTask = no_progress,
@@ -209,10 +312,22 @@ def run_bench(
     peaks = {d: matmul_peak_gflops(compute_dtype(parse_dtype(d), device), device) for d in sorted(dtypes)}
     read_gbps = memory_read_gbps(device)
     notify(f"bench: matmul_peak, read bandwidth {clock.lap('matmul_peak'):.1f} s")
-    wants_peer = "hf" in names or ("single" in names and opts.peer == "hf")
+    wants_peer = "hf" in names or ("single" in names and "hf" in opts.peers)
     hf_model = load_hf_model(source, parse_dtype(opts.dtype), device) if wants_peer else None
     notify(f"bench: load_peer {clock.lap('load_peer'):.1f} s")
-    ctx = _Context(opts, loaded, requests, device, peaks, read_gbps, hf_model, start_task)
+    peer_runs = PeerRuns(
+        loaded,
+        requests,
+        opts.peers,
+        names,
+        opts.peers_dir or DEFAULT_PEERS_DIR,
+        torch.get_num_threads(),
+        opts.max_num_seqs,
+        opts.repeat,
+        notify,
+    )
+    names = tuple(n for n in names if n not in SUBPROCESS_SCHEDULES or n in peer_runs.schedules())
+    ctx = _Context(opts, loaded, requests, device, peaks, read_gbps, hf_model, start_task, peer_runs)
     _warm_up(ctx)
     notify(f"bench: warm_up {clock.lap('warm_up'):.1f} s")
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
@@ -220,11 +335,15 @@ def run_bench(
         for name in names:
             label = name if opts.repeat == 1 else f"{name} ({rep + 1}/{opts.repeat})"
             started = time.perf_counter()
-            runs[name].append(_run_one(ctx, name, label))
+            runs[name].append(_run_one(ctx, name, label, rep))
             notify(f"bench: {label} done in {time.perf_counter() - started:.1f} s")
+    runs = {name: r for name, r in runs.items() if all(r)}  # a peer that failed ran nothing
     clock.lap("schedules")
     extras = _dtype_agreement(ctx) if opts.compare_dtype else {}
+    extras |= _quantized_agreement(ctx)
     clock.lap("agreement")
+    memory = _memory(ctx, notify)
+    clock.lap("memory")
     return BenchResult(
         opts,
         device.type,
@@ -235,6 +354,9 @@ def run_bench(
         extras,
         setup_s=clock.laps,
         read_gbps=read_gbps,
+        skipped=peer_runs.skipped,
+        peer_info=peer_runs.info(),
+        memory=memory,
     )
 
 

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from nxctl.bench.options import SCHEDULES, SHORT_DTYPE
+from nxctl.bench.peers.registry import SUBPROCESS_SCHEDULES
 
 RUN_METRICS = (
     "duration",
@@ -41,10 +42,27 @@ LATENCY_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 LATENCY_STATS = ("mean", "median", "p99")
 SINGLE_METRICS = tuple(
     f"{who}_{m}"
-    for who in ("invariant", "hf")
+    for who in ("invariant", "hf", *SUBPROCESS_SCHEDULES)
     for m in ("decode_tps", "ttft_ms", "decode_weights_gbps", "decode_bandwidth_fraction")
 )
-AGREEMENT = ("greedy_agreement", "teacher_forced_top1_agreement")
+AGREEMENT = (
+    "greedy_agreement",
+    "teacher_forced_top1_agreement",
+    # the quantized path (--quantize auto|int8) against the float32 path over the dequantized weights
+    "quantized_vs_float_greedy_agreement",
+    "quantized_vs_float_teacher_forced_top1_agreement",
+)
+# nxctl/bench/memory_probe.py, measured in a fresh process
+MEMORY = (
+    "rss_after_import_mb",
+    "rss_after_load_mb",
+    "rss_after_first_request_mb",
+    "added_mb",
+    "kv_pool_mb",
+    "weights_held_mb",
+    "model_file_mb",
+    "added_beyond_kv_over_file",
+)
 
 
 @dataclass(frozen=True)
@@ -73,6 +91,27 @@ RATIOS = (
     Ratio("single_invariant_vs_hf_decode_tps", "single", "invariant_decode_tps", "single", "hf_decode_tps"),
     # mean TTFT without the prefix cache / with it (--shared-prefix)
     Ratio("prefix_cache_ttft_speedup", "cb_nocache", "ttft_ms.mean", "cb_invariant", "ttft_ms.mean"),
+    # ours over each subprocess peer (vllm_f32, llamacpp, ct2_int8, ...): the workload and one request
+    *(
+        Ratio(
+            f"cb_invariant_vs_{peer}_output_throughput",
+            "cb_invariant",
+            "output_throughput",
+            peer,
+            "output_throughput",
+        )
+        for peer in SUBPROCESS_SCHEDULES
+    ),
+    *(
+        Ratio(
+            f"single_invariant_vs_{peer}_decode_tps",
+            "single",
+            "invariant_decode_tps",
+            "single",
+            f"{peer}_decode_tps",
+        )
+        for peer in SUBPROCESS_SCHEDULES
+    ),
 )
 
 
@@ -105,6 +144,7 @@ _PATTERN = re.compile(
             rf"agreement\.(?:{_alternatives(AGREEMENT)})",
             rf"machine\.peak_gflops\.(?:{_alternatives(list(SHORT_DTYPE))})",
             r"machine\.read_gbps",
+            rf"memory\.(?:{_alternatives(MEMORY)})",
             r"peak_rss_mb",
         )
     )

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from engine.config import parse_dtype
 from engine.errors import InvalidRequestError
+from engine.mux.registry import QUANTIZE_MODES
 from engine.workload import WorkloadSpec
+from nxctl.bench.peers.registry import PEER_SCHEDULES
 
 OURS = ("cb_invariant", "cb_fast", "cb_nocache", "static", "sequential", "single")
-PEERS = ("hf",)
-SCHEDULES = (*OURS, *PEERS)
+PEERS = tuple(PEER_SCHEDULES)  # hf (transformers, in-process), vllm, llamacpp, ct2 (subprocesses)
+PEER_OF = {schedule: peer for peer, schedules in PEER_SCHEDULES.items() for schedule in schedules}
+SCHEDULES = (*OURS[:-1], *PEER_OF, "single")  # in run order: single last, after every peer
 SEQUENTIAL_SUBSET = 8  # the sequential schedule runs the first 8 requests only
 SHORT_DTYPE = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
@@ -24,17 +28,26 @@ class BenchOptions:
     dtype: str = "float32"
     max_num_seqs: int = 16
     threads: int | None = None
-    peer: str | None = None
+    peers: tuple[str, ...] = ()
     repeat: int = 1
     schedules: tuple[str, ...] = ()
     compare_dtype: str | None = None
     url: str | None = None
     concurrency: int | None = None
+    peers_dir: Path | None = None  # where `make peers` put the subprocess peers (None: the default)
+    quantize: str = "auto"  # EngineConfig.quantize for our schedules
 
     def __post_init__(self) -> None:
         parse_dtype(self.dtype)
-        if self.peer not in (None, *PEERS):
-            raise InvalidRequestError(f"--peer must be one of {', '.join(PEERS)}, got {self.peer!r}")
+        if self.quantize not in QUANTIZE_MODES:
+            raise InvalidRequestError(
+                f"--quantize must be one of {', '.join(QUANTIZE_MODES)}, got {self.quantize!r}"
+            )
+        for peer in self.peers:
+            if peer not in PEERS:
+                raise InvalidRequestError(f"--peer must be one of {', '.join(PEERS)}, got {peer!r}")
+        if len(set(self.peers)) != len(self.peers):
+            raise InvalidRequestError(f"--peer names a peer twice: {', '.join(self.peers)}")
         if self.repeat < 1:
             raise InvalidRequestError(f"--repeat must be >= 1, got {self.repeat}")
         if self.max_num_seqs < 1:
@@ -46,8 +59,9 @@ class BenchOptions:
         unknown = [s for s in self.schedules if s not in SCHEDULES]
         if unknown:
             raise InvalidRequestError(f"unknown schedule {unknown[0]!r}; choose from {', '.join(SCHEDULES)}")
-        if "hf" in self.schedules and self.peer != "hf":
-            raise InvalidRequestError("the hf schedule needs --peer hf")
+        for schedule in self.schedules:
+            if schedule in PEER_OF and PEER_OF[schedule] not in self.peers:
+                raise InvalidRequestError(f"the {schedule} schedule needs --peer {PEER_OF[schedule]}")
         if self.compare_dtype is not None:
             parse_dtype(self.compare_dtype)
             if self.compare_dtype == self.dtype:
@@ -68,13 +82,19 @@ class BenchOptions:
             names = [s for s in SCHEDULES if s in self.schedules]
         else:
             names = [s for s in OURS if s != "cb_nocache" or self.workload.shared_prefix > 0]
-            names[-1:-1] = list(PEERS) if self.peer else []
+            names[-1:-1] = [s for peer in self.peers for s in PEER_SCHEDULES[peer]]
         if self.compare_schedule:
             names.insert(1, self.compare_schedule)
         return tuple(names)
 
+    @property
+    def peer(self) -> str | None:
+        """The peers as one name (``hf``, ``hf,llamacpp``), None without any: the JSON's ``peer``."""
+        return ",".join(self.peers) or None
+
     def to_json(self) -> dict[str, object]:
         data = asdict(self)
+        del data["peers_dir"]  # a path of this machine, not a setting of the run
         spec = self.workload
         data["workload"] = asdict(spec) | {
             "input_len": str(spec.input_len),

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from nxctl.bench.bench_run import BenchResult
 from nxctl.bench.options import SEQUENTIAL_SUBSET
+from nxctl.bench.peers.registry import SUBPROCESS_SCHEDULES
 from nxctl.bench.serving_metrics import LATENCIES, STATS
 from nxctl.bench.summary import schedules_json, to_json
 
@@ -120,19 +121,38 @@ def footer(result: BenchResult) -> list[str]:
             "static and hf: batches of max-num-seqs in arrival order, each run to its longest output; a request "
             "completes when its batch does; TTFT/ITL from the times its own tokens came out."
         )
+    if result.peer_info:
+        loads = ", ".join(f"{k} {v['load_s']:.1f} s" for k, v in result.peer_info.items())
+        lines.append(
+            "subprocess peers: one process per configuration, loaded once, its repeats back to back; "
+            f"load and warm-up: {loads}."
+        )
     single = data["schedules"].get("single")
     if single:
         parts = [
             f"single request ({single.get('output_len')} tokens): ours (invariant) "
             f"{_single_decode(single, 'invariant')}"
         ]
-        if "hf_decode_tps" in single:
-            parts.append(f"hf {_single_decode(single, 'hf')}")
+        for who in ("hf", *SUBPROCESS_SCHEDULES):
+            if f"{who}_decode_tps" in single:
+                parts.append(f"{who} {_single_decode(single, who)}")
         lines.append(", ".join(parts))
     for name, value in data["ratios"].items():
         lines.append(f"ratio {name}: {_cell(value, 3)}")
     for name, value in data["agreement"].items():
-        lines.append(f"{name} ({result.options.dtype} vs {result.options.compare_dtype}): {value:.3f}")
+        versus = (
+            f"--quantize {result.options.quantize} vs none"
+            if name.startswith("quantized_")
+            else f"{result.options.dtype} vs {result.options.compare_dtype}"
+        )
+        lines.append(f"{name} ({versus}): {value:.3f}")
+    memory = data.get("memory") or {}
+    if memory:
+        lines.append(
+            f"memory (fresh process): load + first request add {memory['added_mb']:.0f} MB RSS, KV pool "
+            f"{memory['kv_pool_mb']:.0f} MB, weights held {memory['weights_held_mb']:.0f} MB; (added - KV) / "
+            f"model file ({memory['model_file_mb']:.0f} MB) = {memory['added_beyond_kv_over_file']:.2f}"
+        )
     if result.peak_gflops:
         peaks = ", ".join(f"{k} {v:.0f}" for k, v in result.peak_gflops.items())
         lines.append(

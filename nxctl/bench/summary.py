@@ -2,7 +2,8 @@
 
 JSON layout: ``{"device", "peer", "config", "schedules": {name: {metric: {median, min, max} | value}},
 "ratios": {name: {median, min, max}}, "figures": {dotted name: number}, "machine": {"peak_gflops",
-"threads"}, "peak_rss_mb", "agreement"}``. ``figures`` is flat (the census reads it): each measured
+"threads"}, "peak_rss_mb", "agreement", "peers": {schedule: what its driver said, load_s},
+"skipped_peers": {peer or schedule: the line said}}``; ``peer`` is the peers named, comma-joined. ``figures`` is flat (the census reads it): each measured
 metric's median across repeats under ``<schedule>.<metric>[.<stat>]`` and each ratio as ``ratios.<name>``.
 A ratio is computed per repeat (runs of one repeat are neighbours in time) and then aggregated.
 """
@@ -100,6 +101,7 @@ def to_json(result: BenchResult) -> dict[str, Any]:
         flatten(name, metrics, figures)
     flatten("ratios", ratio, figures)
     flatten("agreement", result.extras, figures)
+    flatten("memory", result.memory, figures)
     flatten("machine.peak_gflops", result.peak_gflops, figures)
     flatten("machine.read_gbps", result.read_gbps, figures)
     figures["peak_rss_mb"] = result.peak_rss_mb
@@ -113,6 +115,7 @@ def to_json(result: BenchResult) -> dict[str, Any]:
         "schedules": schedules,
         "ratios": ratio,
         "agreement": result.extras,
+        "memory": result.memory,
         "figures": figures,
         "machine": {
             "peak_gflops": result.peak_gflops,
@@ -121,6 +124,8 @@ def to_json(result: BenchResult) -> dict[str, Any]:
         },
         "peak_rss_mb": result.peak_rss_mb,
         "wall_s": result.setup_s,
+        "peers": result.peer_info,
+        "skipped_peers": result.skipped,
     }
 
 

@@ -20,7 +20,7 @@ from nxctl.bench.options import SCHEDULES, BenchOptions
 from nxctl.bench.report import footer, table, title
 from nxctl.bench.schedules import Advance
 from nxctl.bench.summary import write_json
-from nxctl.commands.common import fail
+from nxctl.commands.common import QUANTIZE_HELP, fail
 
 app = typer.Typer(help="The scheduler measured: throughput and latency against simpler schedules and a peer.")
 
@@ -41,6 +41,11 @@ def parse_schedules(text: str | None) -> tuple[str, ...]:
     if not text:
         return ()
     return tuple(s.strip() for s in text.split(",") if s.strip())
+
+
+def parse_peers(values: list[str] | None) -> tuple[str, ...]:
+    """['hf', 'vllm,ct2'] -> ('hf', 'vllm', 'ct2'): --peer repeated, comma-separated or both."""
+    return tuple(p.strip() for v in values or [] for p in v.split(",") if p.strip())
 
 
 def run_with_progress(opts: BenchOptions, console: Console) -> BenchResult:
@@ -79,7 +84,13 @@ def bench(
         int, typer.Option("--max-num-seqs", help="Seats per step; static batch size.")
     ] = 16,
     threads: Annotated[int | None, typer.Option(help="torch threads (ours and the peer's).")] = None,
-    peer: Annotated[str | None, typer.Option(help="Compare with a peer engine: hf (transformers).")] = None,
+    peer: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Compare with peer engines (repeat or comma-separate): hf (transformers, in-process); "
+            "vllm, llamacpp, ct2 (each in its own venv: `make peers`)."
+        ),
+    ] = None,
     repeat: Annotated[
         int, typer.Option(help="Run the schedules interleaved N times; report median, min-max.")
     ] = 1,
@@ -103,6 +114,11 @@ def bench(
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Also write the results as JSON here.")
     ] = None,
+    peers_dir: Annotated[
+        Path | None,
+        typer.Option("--peers-dir", envvar="NXCTL_PEERS_DIR", help="Where `make peers` installed the peers."),
+    ] = None,
+    quantize: Annotated[str, typer.Option("--quantize", help=QUANTIZE_HELP)] = "auto",
 ) -> None:
     """Throughput and latency (vLLM's metrics) of our schedules, side by side, optionally against a peer."""
     try:
@@ -122,12 +138,14 @@ def bench(
             dtype=dtype,
             max_num_seqs=max_num_seqs,
             threads=threads,
-            peer=peer,
+            peers=parse_peers(peer),
             repeat=repeat,
             schedules=parse_schedules(schedules),
             compare_dtype=compare_dtype,
             url=url,
             concurrency=concurrency,
+            peers_dir=peers_dir,
+            quantize=quantize,
         )
         result = run_with_progress(opts, Console(stderr=True))
     except NxError as exc:

@@ -82,7 +82,7 @@ def test_aggregate_flatten_and_ratio_series() -> None:
         "cb_invariant": [{"output_throughput": 2.0}, {"output_throughput": 6.0}],
         "hf": [{"output_throughput": 1.0}, {"output_throughput": 2.0}],
     }
-    result = BenchResult(BenchOptions(peer="hf"), "cpu", runs, {"float32": 1.0}, 1)
+    result = BenchResult(BenchOptions(peers=("hf",)), "cpu", runs, {"float32": 1.0}, 1)
     assert ratios(result)["cb_invariant_vs_hf_output_throughput"] == {"median": 2.5, "min": 2.0, "max": 3.0}
 
 

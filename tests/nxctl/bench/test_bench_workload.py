@@ -80,7 +80,14 @@ def test_too_long_for_the_context_and_bad_weights() -> None:
 
 def test_schedule_selection() -> None:
     assert BenchOptions().selected() == ("cb_invariant", "cb_fast", "static", "sequential", "single")
-    assert BenchOptions(peer="hf").selected()[-2:] == ("hf", "single")
+    assert BenchOptions(peers=("hf",)).selected()[-2:] == ("hf", "single")
+    several = BenchOptions(peers=("llamacpp", "hf", "vllm")).selected()
+    assert several[-5:] == ("llamacpp", "hf", "vllm_f32", "vllm_bf16", "single")
+    assert BenchOptions(peers=("ct2",), schedules=("ct2_int8", "cb_invariant")).selected() == (
+        "cb_invariant",
+        "ct2_int8",
+    )
+    assert BenchOptions(peers=("hf", "ct2")).peer == "hf,ct2" and BenchOptions().peer is None
     prefix = BenchOptions(workload=WorkloadSpec(shared_prefix=8))
     assert "cb_nocache" in prefix.selected()
     both = BenchOptions(dtype="bfloat16", compare_dtype="float32", schedules=("static", "cb_invariant"))
@@ -89,7 +96,9 @@ def test_schedule_selection() -> None:
     for bad in (
         {"schedules": ("nope",)},
         {"schedules": ("hf",)},
-        {"peer": "vllm"},
+        {"peers": ("vllm-gpu",)},
+        {"peers": ("hf", "hf")},
+        {"schedules": ("vllm_f32",), "peers": ("hf",)},
         {"repeat": 0},
         {"dtype": "float32", "compare_dtype": "float32"},
         {"url": "localhost:1"},

@@ -1,0 +1,46 @@
+"""The bench's memory probe (a fresh process) and the quantized-vs-float agreement figures."""
+
+from __future__ import annotations
+
+from engine.config import EngineConfig
+from engine.llm_engine import Engine
+from engine.loader import LoadedModel
+from engine.sampling_params import SamplingParams
+from nxctl.bench.agreement import engine_top1_agreement
+from nxctl.bench.memory_probe import measure
+
+
+def test_the_probe_measures_load_and_first_request_in_its_own_process():
+    figures = measure("tiny", "float32", "auto", 64)
+    assert figures.rss_after_import < figures.rss_after_load <= figures.rss_after_first_request + 4096 * 256
+    assert (
+        figures.kv_bytes == 64 * 16 * 2 * 2 * 2 * 16 * 4
+    )  # blocks x block x K,V x layers x kv heads x dim x f32
+    assert figures.added >= figures.kv_bytes
+    assert figures.file_bytes > 0 and figures.weight_bytes > 0
+    data = figures.to_json()
+    assert data["added_beyond_kv_over_file"] == round(
+        (figures.added - figures.kv_bytes) / figures.file_bytes, 3
+    )
+
+
+def test_teacher_forced_agreement_of_the_engine_with_a_path(tiny_loaded: LoadedModel):
+    engine = Engine(tiny_loaded, EngineConfig(num_kv_blocks=64))
+    prompts = [[5, 6, 7, 8], [9, 10]]
+    greedy = SamplingParams(max_tokens=6, ignore_eos=True)
+    own = [o.token_ids for o in [*map(lambda p: _run(engine, p, greedy), prompts)]]
+    assert engine_top1_agreement(engine, prompts, own, own) == 1.0  # its own path: agrees everywhere
+    # a path that departs from its own at the third token: asked position by position, it agrees on
+    # the first two, disagrees at the third, and after that follows a prefix it never chose
+    other = [own[0][:2] + [(own[0][2] + 1) % 512] + own[0][3:], own[1]]
+    got = engine_top1_agreement(engine, prompts, other, own)
+    assert 8 / 12 <= got < 1.0
+
+
+def _run(engine: Engine, prompt: list[int], params: SamplingParams):
+    rid = engine.add_request(prompt, params)
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished and out.request_id == rid:
+                final = out
+    return final
