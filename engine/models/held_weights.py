@@ -16,6 +16,13 @@ from engine.quantized import BLOCK
 EMBEDDING = "model.embed_tokens.weight"
 
 
+def int8_quantizes(name: str, k: int, tied: bool) -> bool:
+    """Whether ``--quantize int8`` turns float weight ``name`` (K = ``k`` inputs) into Q8_0: the linears,
+    the LM head and a tied embedding (it is the head), when K is a multiple of the 32-wide block."""
+    linear = name.endswith("proj.weight") or name == "lm_head.weight" or (name == EMBEDDING and tied)
+    return linear and k % BLOCK == 0
+
+
 def held_weight_bytes(
     config: ModelConfig, dtype: str, quantize: str = "auto", invariant: bool = True, on_cpu: bool = True
 ) -> int:
@@ -48,8 +55,7 @@ def _weight_bytes(
     def kind(name: str, k: int) -> str | None:
         if name in file_types:
             return file_types[name]
-        linear = name.endswith("proj.weight") or name == "lm_head.weight" or (name == EMBEDDING and tied)
-        return "Q8_0" if quantize == "int8" and on_cpu and linear and k % BLOCK == 0 else None
+        return "Q8_0" if quantize == "int8" and on_cpu and int8_quantizes(name, k, tied) else None
 
     def linear(parts: list[tuple[str, int]], k: int) -> int:
         kinds = {kind(name, k) for name, _ in parts}

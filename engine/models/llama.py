@@ -19,6 +19,7 @@ from engine.layers.attention import AttentionPlan, paged_attention, plan_attenti
 from engine.layers.linear import LinearWeight
 from engine.layers.rmsnorm import rms_norm
 from engine.layers.rope import Rope
+from engine.models.held_weights import int8_quantizes
 from engine.quantized import QuantizedWeight, dense, quantize_q8_0
 
 Weight = torch.Tensor | QuantizedWeight
@@ -123,9 +124,8 @@ class PagedLlama:
                 held[name] = w
                 continue
             t = dense(w).to(device=self.device, dtype=self.dtype)
-            linear = name.endswith("proj.weight") or name == "lm_head.weight"
-            linear = linear or (name == "model.embed_tokens.weight" and tied_embedding)
-            if quantize == "int8" and keep_quantized and linear and t.dim() == 2 and t.shape[1] % 32 == 0:
+            int8 = quantize == "int8" and keep_quantized and t.dim() == 2
+            if int8 and int8_quantizes(name, t.shape[1], tied_embedding):
                 held[name] = quantize_q8_0(t)
             else:
                 held[name] = t
