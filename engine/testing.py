@@ -2,8 +2,8 @@
 
 Negative controls break things only through these functions. They are part of the engine and the only
 code outside llm_engine.py that touches an Engine's private parts (its model, KV cache, block pool and
-scheduler); gates and tests call them and never reach in themselves. Each hook names what it breaks;
-the context managers undo it on exit. Used by gates and tests only, never by the seat or the CLI.
+scheduler); gates and tests call them and never reach in themselves. Each hook names what it breaks
+(or, for ``layer_by_layer``, which of two equal paths it selects); the context managers undo it on exit. Used by gates and tests only, never by the seat or the CLI.
 """
 
 from __future__ import annotations
@@ -39,6 +39,22 @@ def batch_dependent_matmul(engine: Engine) -> AbstractContextManager[None]:
 def batch_dependent_norm(engine: Engine) -> AbstractContextManager[None]:
     """While active, every RMSNorm's epsilon grows with the step's row count: a batch-dependent reduction."""
     return _fault_switched_on(engine, "batch_dependent_norm")
+
+
+@contextmanager
+def layer_by_layer(engine: Engine) -> Iterator[None]:
+    """While active, the model runs its layers one kernel call at a time from Python instead of in the
+    C++ layer loop (the two give the same bits; tests compare them)."""
+    engine._model.fused_layers = False
+    try:
+        yield
+    finally:
+        engine._model.fused_layers = True
+
+
+def ran_decoder_stack(engine: Engine) -> bool:
+    """Whether the engine's last forward ran its layers in the C++ layer loop."""
+    return engine._model.last_forward_fused
 
 
 @contextmanager

@@ -19,6 +19,7 @@ import os
 import sys
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -127,6 +128,33 @@ def softmax(logits: torch.Tensor, log: bool = False) -> torch.Tensor:
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """[T, 2I] rows of [gate | up] -> silu(gate) * up, [T, I] float32, row by row."""
     return _run("silu_mul", _float_input(gate_up))
+
+
+def decoder_stack(
+    hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, eps: float, scale: float
+) -> Any | None:
+    """An empty C++ layer loop (csrc/decoder.h) on this process's compiled backend, layers added with
+    ``add_layer``; None on the portable backend (the caller runs its layers one by one)."""
+    module = backend().module
+    if module is None:
+        return None
+    return module.DecoderStack(hidden, heads, kv_heads, head_dim, intermediate, eps, scale)
+
+
+def decoder_forward(
+    stack: Any,
+    x: torch.Tensor,
+    slots: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    tables: torch.Tensor,
+    owners: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """Every layer of ``stack`` over a step's rows: x [N, hidden] float32 -> [N, hidden] float32, K/V
+    written at ``slots`` [N]; cos, sin [N, head_dim]; tables [R, nb], owners and positions [N] long.
+    The same bits as running the layers one kernel call at a time."""
+    return stack.forward(backend().name, x.contiguous(), slots, cos, sin, tables, owners, positions)
 
 
 def attention(

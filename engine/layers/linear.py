@@ -86,6 +86,14 @@ class LinearWeight:
             return kernels.linear(x, self.data, self.out_features).to(self.dtype)
         return chunked_mm_linear(x, self.data) if self.invariant else F.linear(x, self.data)
 
+    @property
+    def kernel_layout(self) -> tuple[torch.Tensor, int] | None:
+        """(data, format) as our C++ kernels read it: packed float panels (format -1) or packed
+        quantized tiles (their quant_pack format); None when the weight is held plain."""
+        if self.quantized:
+            return self.data, self.format
+        return (self.data, -1) if self.packed else None
+
     def batch_dependent(self, x: torch.Tensor) -> torch.Tensor:
         """A deliberately batch-dependent matmul (fault injection): this linear plus a term that grows with M."""
         return self(x) + (x.shape[0] - 1) * 1e-3

@@ -8,6 +8,7 @@ per group of rows that share a row count (all decodes together; each prefill chu
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -113,6 +114,10 @@ class PagedLlama:
         self.w: dict[str, torch.Tensor] = {k: v for k, v in plain.items() if isinstance(v, torch.Tensor)}
         self.rope = Rope(config.head_dim, config.rope_theta, config.max_position_embeddings, device)
         self.scale = config.head_dim**-0.5
+        # the C++ layer loop over these weights and one KV cache (built on first use; see _decoder_stack)
+        self._stack: tuple[KVCache, Any] | None = None
+        self.fused_layers = True  # False: always the layer-by-layer path (tests compare the two)
+        self.last_forward_fused = False
 
     def _held_weights(self, weights: dict[str, Weight], quantize: str) -> dict[str, Weight]:
         """Each weight as this model holds it: on the device in ``dtype``, or quantized (see the class)."""
@@ -175,17 +180,57 @@ class PagedLlama:
         return self.w[name]
 
     def set_weight(self, name: str, value: torch.Tensor) -> None:
-        """Replace weight ``name`` (mutates; used by fault injection). A quantized linear it lands in
-        is held as float from then on."""
+        """Replace weight ``name`` in this model only (mutates; used by fault injection). A quantized
+        linear it lands in is held as float from then on."""
         if name == "model.embed_tokens.weight" and self.embedding is not None:
             raise ValueError("a quantized embedding table cannot be replaced")
-        if name not in self.parts:
-            self.w[name].copy_(value)
+        self._stack = None  # it holds the replaced tensor
+        if name not in self.parts:  # a new tensor: the held one may be shared with the loaded model
+            self.w[name] = value.to(device=self.device, dtype=self.dtype).clone()
             return
         key, row, rows = self.parts[name]
         full = self.linears[key].dense()  # a copy when packed; the live weight, replaced at once, otherwise
         full[row : row + rows] = value
         self.linears[key].replace(full)
+
+    def _decoder_stack(self, kv: KVCache) -> Any | None:
+        """The C++ layer loop (engine/kernels: one call for every layer of a step) over these weights
+        and ``kv``, where it computes exactly what ``_layers`` does: float32 on the CPU kernels,
+        invariant, every linear packed for them, no fault switched on. None elsewhere."""
+        c = self.config
+        faulty = self.faults.batch_dependent_matmul or self.faults.batch_dependent_norm
+        float32 = self.dtype == kv.keys[0].dtype == torch.float32
+        if faulty or not (self.fused_layers and self.invariant and float32 and self.device.type == "cpu"):
+            return None
+        if self._stack is not None and self._stack[0] is kv:
+            return self._stack[1]
+        stack = kernels.decoder_stack(
+            c.hidden_size,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            c.intermediate_size,
+            c.rms_norm_eps,
+            self.scale,
+        )
+        if stack is None:
+            return None
+        for layer in range(c.num_layers):
+            p = f"model.layers.{layer}."
+            held = [
+                self.linears[p + key].kernel_layout
+                for key in ("self_attn.qkv", "self_attn.o_proj.weight", "mlp.gate_up", "mlp.down_proj.weight")
+            ]
+            if any(h is None for h in held):
+                return None
+            (qkv, qkv_format), (o, o_format), (gate_up, gate_up_format), (down, down_format) = held  # type: ignore[misc]
+            stack.add_layer(
+                self.w[p + "input_layernorm.weight"], qkv, qkv_format, o, o_format,
+                self.w[p + "post_attention_layernorm.weight"], gate_up, gate_up_format, down, down_format,
+                kv.keys[layer], kv.values[layer],
+            )  # fmt: skip
+        self._stack = (kv, stack)
+        return stack
 
     def _linear(self, x: torch.Tensor, key: str) -> torch.Tensor:
         if self.faults.batch_dependent_matmul:
@@ -234,9 +279,33 @@ class PagedLlama:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Run one step's rows, writing their K/V; return float32 logits of the sample rows: [S, vocab]."""
+        x = self.embed_rows(batch.token_ids)  # [N, hidden]
+        cos, sin = self.rope.tables(batch.positions)  # [N, 1, head_dim] each, shared by every layer
+        stack = self._decoder_stack(kv)
+        self.last_forward_fused = stack is not None
+        if stack is not None:  # every layer in one C++ call, the same bits as _layers
+            n = x.shape[0]
+            x = kernels.decoder_forward(
+                stack,
+                x,
+                batch.slots,
+                cos.view(n, -1),
+                sin.view(n, -1),
+                batch.tables,
+                batch.owners,
+                batch.positions,
+            )
+        else:
+            x = self._layers(x, batch, kv, cos, sin)
+        last = self._norm(x[batch.sample_rows], "model.norm.weight")
+        return self._linear(last, "lm_head").float()
+
+    def _layers(
+        self, x: torch.Tensor, batch: ForwardBatch, kv: KVCache, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
+        """Every decoder layer over the step's rows, one kernel call at a time: x [N, hidden] -> [N, hidden]."""
         c = self.config
         n = batch.token_ids.shape[0]
-        x = self.embed_rows(batch.token_ids)  # [N, hidden]
         group = c.num_heads // c.num_kv_heads
         plans = (
             []
@@ -244,7 +313,6 @@ class PagedLlama:
             else [plan_attention(g.block_tables, g.positions, kv.block_size, group) for g in batch.groups]
         )
         kv_rows = kv.rows_of(batch.slots)  # [N * kv_heads]
-        cos, sin = self.rope.tables(batch.positions)  # [N, 1, head_dim] each, shared by every layer
         heads_qk = c.num_heads + c.num_kv_heads
         qk_end = heads_qk * c.head_dim
         for layer in range(c.num_layers):
@@ -263,5 +331,4 @@ class PagedLlama:
             h = self._norm(x, p + "post_attention_layernorm.weight")
             gate_up = self._linear(h, p + "mlp.gate_up")  # [N, 2 * inter]
             x = x + self._linear(self._gated(gate_up), p + "mlp.down_proj.weight")
-        last = self._norm(x[batch.sample_rows], "model.norm.weight")
-        return self._linear(last, "lm_head").float()
+        return x

@@ -2,19 +2,12 @@
 // (over outputs only), and the choice of instruction set.
 #include <torch/extension.h>
 
-#include <ATen/Parallel.h>
-
-#include "table.h"
+#include "decoder.h"
+#include "ops.h"
 
 namespace {
 
-const nxk::KernelTable& table_for(const std::string& isa) {
-  static const nxk::KernelTable generic = nxk::generic_table();
-  static const nxk::KernelTable avx2 = nxk::avx2_table();
-  if (isa == "avx2") return avx2;
-  TORCH_CHECK(isa == "generic", "unknown instruction set ", isa);
-  return generic;
-}
+using nxk::table_for;
 
 bool cpu_has_avx2() {
 #if defined(__x86_64__) || defined(_M_X64)
@@ -41,18 +34,12 @@ torch::Tensor linear(const std::string& isa, const torch::Tensor& x, const torch
   TORCH_CHECK(panels == (n + nxk::kPanel - 1) / nxk::kPanel, "packed weight does not hold N=", n);
   auto y = torch::empty({m, n}, x.options());
   const auto& t = table_for(isa);
-  const float* xp = x.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  if (m == 0) return y;
-  // at least 16 panels a thread at one row (a 576-wide layer still splits in two), fewer at many rows
-  const int64_t grain = std::max<int64_t>(1, 16 / std::max<int64_t>(1, m));
   if (packed.scalar_type() == torch::kFloat32) {
-    const float* w = packed.data_ptr<float>();
-    at::parallel_for(0, panels, grain, [&](int64_t b, int64_t e) { t.linear_f32(xp, m, k, w, n, yp, b, e); });
+    nxk::run_linear(t, x.data_ptr<float>(), m, k, packed.data_ptr<float>(), n, y.data_ptr<float>());
   } else {
     TORCH_CHECK(packed.scalar_type() == torch::kBFloat16, "packed weight must be float32 or bfloat16");
     const auto* w = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
-    at::parallel_for(0, panels, grain, [&](int64_t b, int64_t e) { t.linear_bf16(xp, m, k, w, n, yp, b, e); });
+    nxk::run_linear(t, x.data_ptr<float>(), m, k, w, n, y.data_ptr<float>());
   }
   return y;
 }
@@ -70,14 +57,8 @@ torch::Tensor qlinear(const std::string& isa, const torch::Tensor& x, const torc
   TORCH_CHECK(packed.size(1) * nxk::kQBlock == k, "x has K=", k, " but the weight ", packed.size(1) * nxk::kQBlock);
   TORCH_CHECK(panels == (n + nxk::kPanel - 1) / nxk::kPanel, "packed weight does not hold N=", n);
   auto y = torch::empty({m, n}, x.options());
-  if (m == 0) return y;
-  const auto& t = table_for(isa);
-  const auto fn = format == nxk::kQ8 ? t.qlinear_q8 : t.qlinear_q4;
-  const float* xp = x.data_ptr<float>();
-  const uint8_t* w = packed.data_ptr<uint8_t>();
-  float* yp = y.data_ptr<float>();
-  const int64_t grain = std::max<int64_t>(2, 16 / std::max<int64_t>(1, m));  // even: panel pairs stay whole
-  at::parallel_for(0, panels, grain, [&](int64_t b, int64_t e) { fn(xp, m, k, w, n, yp, b, e); });
+  nxk::run_qlinear(table_for(isa), x.data_ptr<float>(), m, k, packed.data_ptr<uint8_t>(), format, n,
+                   y.data_ptr<float>());
   return y;
 }
 
@@ -91,12 +72,10 @@ torch::Tensor rms_norm(const std::string& isa, const torch::Tensor& x, double ep
   float* o = out.data_ptr<float>();
   const float e = static_cast<float>(eps);
   if (x.scalar_type() == torch::kFloat32) {
-    const float* xp = x.data_ptr<float>();
-    at::parallel_for(0, rows, 16, [&](int64_t b, int64_t en) { t.rms_norm_f32(xp, d, e, o, b, en); });
+    nxk::run_rms_norm(t, x.data_ptr<float>(), rows, d, e, o);
   } else {
     TORCH_CHECK(x.scalar_type() == torch::kBFloat16, "x must be float32 or bfloat16");
-    const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
-    at::parallel_for(0, rows, 16, [&](int64_t b, int64_t en) { t.rms_norm_bf16(xp, d, e, o, b, en); });
+    nxk::run_rms_norm(t, reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), rows, d, e, o);
   }
   return out;
 }
@@ -123,12 +102,10 @@ torch::Tensor silu_mul(const std::string& isa, const torch::Tensor& gate_up) {
   const auto& t = table_for(isa);
   float* o = out.data_ptr<float>();
   if (gate_up.scalar_type() == torch::kFloat32) {
-    const float* g = gate_up.data_ptr<float>();
-    at::parallel_for(0, rows, 8, [&](int64_t b, int64_t e) { t.silu_mul_f32(g, inter, o, b, e); });
+    nxk::run_silu_mul(t, gate_up.data_ptr<float>(), rows, inter, o);
   } else {
     TORCH_CHECK(gate_up.scalar_type() == torch::kBFloat16, "gate_up must be float32 or bfloat16");
-    const auto* g = reinterpret_cast<const uint16_t*>(gate_up.data_ptr<at::BFloat16>());
-    at::parallel_for(0, rows, 8, [&](int64_t b, int64_t e) { t.silu_mul_bf16(g, inter, o, b, e); });
+    nxk::run_silu_mul(t, reinterpret_cast<const uint16_t*>(gate_up.data_ptr<at::BFloat16>()), rows, inter, o);
   }
   return out;
 }
@@ -176,14 +153,13 @@ torch::Tensor attention(const std::string& isa, const torch::Tensor& q, const to
   TORCH_CHECK(owners.numel() == rows && positions.numel() == rows, "one owner and position per query row");
   auto out = torch::empty({rows, q.size(1), q.size(2)}, q.options().dtype(torch::kFloat32));
   const auto& t = table_for(isa);
-  const int64_t items = rows * k_cache.size(1);
   if (q.scalar_type() == torch::kFloat32) {
-    auto args = attention_args<float>(q, k_cache, v_cache, tables, owners, positions, scale, window, softcap, out);
-    at::parallel_for(0, items, 1, [&](int64_t b, int64_t e) { t.attention_f32(args, b, e); });
+    nxk::run_attention(t, attention_args<float>(q, k_cache, v_cache, tables, owners, positions, scale, window, softcap, out),
+                       rows);
   } else {
     TORCH_CHECK(q.scalar_type() == torch::kBFloat16, "attention takes float32 or bfloat16");
-    auto args = attention_args<uint16_t>(q, k_cache, v_cache, tables, owners, positions, scale, window, softcap, out);
-    at::parallel_for(0, items, 1, [&](int64_t b, int64_t e) { t.attention_bf16(args, b, e); });
+    nxk::run_attention(
+        t, attention_args<uint16_t>(q, k_cache, v_cache, tables, owners, positions, scale, window, softcap, out), rows);
   }
   return out;
 }
@@ -199,6 +175,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("softmax", &softmax, "softmax or log-softmax per row");
   m.def("silu_mul", &silu_mul, "silu(gate) * up per row of [gate | up]");
   m.def("attention", &attention, "causal attention over the paged cache, read in place");
+  py::class_<nxk::DecoderStack>(m, "DecoderStack", "every decoder layer over a step's rows in one call (decoder.h)")
+      .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double>(), py::arg("hidden"),
+           py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("intermediate"), py::arg("eps"),
+           py::arg("scale"))
+      .def("add_layer", &nxk::DecoderStack::add_layer)
+      .def("forward", &nxk::DecoderStack::forward)
+      .def_property_readonly("num_layers", &nxk::DecoderStack::num_layers);
   m.attr("PANEL") = nxk::kPanel;
   m.attr("LANES") = nxk::kLanes;
   m.attr("QBLOCK") = nxk::kQBlock;

@@ -65,7 +65,9 @@ void store_columns(float* y, typename O::V a0, typename O::V a1, int64_t cols) {
 
 // rows [m0, m1) of x [M, K] into xt by tiles of kRowTile rows, interleaved: tile t holds
 // xt[(t * K + k) * kRowTile + r] = x[m0 + t * kRowTile + r, k], zeros past m1. Returns the tile count.
-inline int64_t interleave_rows(const float* x, int64_t K, int64_t m0, int64_t m1, std::vector<float>& xt) {
+// static: each instruction set's file keeps its own copy (an inline one could be linked from the AVX2
+// file into the generic path).
+static inline int64_t interleave_rows(const float* x, int64_t K, int64_t m0, int64_t m1, std::vector<float>& xt) {
   const int64_t tiles = (m1 - m0 + kRowTile - 1) / kRowTile;
   xt.assign(tiles * K * kRowTile, 0.0f);
   for (int64_t m = m0; m < m1; ++m) {

@@ -1,0 +1,178 @@
+// The decoder stack's layer loop (see decoder.h for what it promises).
+#include "decoder.h"
+
+#include <cstring>
+
+#include "ops.h"
+
+namespace nxk {
+namespace {
+
+void check_float(const torch::Tensor& t, const char* what) {
+  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == torch::kFloat32, what,
+              " must be a contiguous float32 CPU tensor");
+}
+
+void check_long(const torch::Tensor& t, const char* what) {
+  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == torch::kLong, what,
+              " must be a contiguous int64 CPU tensor");
+}
+
+// y [M, N] = x [M, K] @ W^T through the kernel for the weight's layout
+void apply(const KernelTable& t, const HeldLinear& w, const float* x, int64_t m, float* y) {
+  if (w.format >= 0) {
+    run_qlinear(t, x, m, w.k, w.data.data_ptr<uint8_t>(), w.format, w.n, y);
+  } else if (w.data.scalar_type() == torch::kFloat32) {
+    run_linear(t, x, m, w.k, w.data.data_ptr<float>(), w.n, y);
+  } else {
+    run_linear(t, x, m, w.k, reinterpret_cast<const uint16_t*>(w.data.data_ptr<at::BFloat16>()), w.n, y);
+  }
+}
+
+// h [N, D] = (x / rms(x)) * weight: the kernel's normalised rows, then one rounded product each
+void norm(const KernelTable& t, const float* x, int64_t rows, int64_t d, double eps, const torch::Tensor& weight,
+          float* h) {
+  run_rms_norm(t, x, rows, d, static_cast<float>(eps), h);
+  const float* w = weight.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < d; ++i) h[r * d + i] = h[r * d + i] * w[i];
+}
+
+// x [N, D] += y [N, D]
+void add_into(float* x, const float* y, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) x[i] = x[i] + y[i];
+}
+
+// one head vector rotated (rotate-half): out[i] = x[i] cos[i] + r[i] sin[i], r = (-x[half:], x[:half]);
+// the two products and the sum each rounded once
+void rotate(const float* x, const float* cos, const float* sin, int64_t d, float* out) {
+  const int64_t half = d / 2;
+  for (int64_t i = 0; i < d; ++i) {
+    const float r = i < half ? -x[i + half] : x[i - half];
+    const float a = x[i] * cos[i];
+    const float b = r * sin[i];
+    out[i] = a + b;
+  }
+}
+
+}  // namespace
+
+DecoderStack::DecoderStack(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate,
+                           double eps, double scale)
+    : hidden_(hidden),
+      heads_(heads),
+      kv_heads_(kv_heads),
+      head_dim_(head_dim),
+      intermediate_(intermediate),
+      eps_(eps),
+      scale_(scale) {
+  TORCH_CHECK(hidden > 0 && heads > 0 && kv_heads > 0 && intermediate > 0, "stack sizes must be positive");
+  TORCH_CHECK(heads % kv_heads == 0, "query heads must be a multiple of KV heads");
+  TORCH_CHECK(head_dim % kLanes == 0 && head_dim <= kMaxHeadDim, "head_dim must be a multiple of ", kLanes,
+              " and at most ", kMaxHeadDim);
+}
+
+HeldLinear DecoderStack::held(const torch::Tensor& data, int64_t format, int64_t n, int64_t k) const {
+  TORCH_CHECK(data.device().is_cpu() && data.is_contiguous() && data.dim() == 3, "a held linear must be a contiguous ",
+              "3-d CPU tensor");
+  TORCH_CHECK(data.size(0) == (n + kPanel - 1) / kPanel, "a held linear does not hold N=", n);
+  if (format >= 0) {
+    TORCH_CHECK(format == kQ8 || format == kQ4, "unknown quantized format ", format);
+    TORCH_CHECK(data.scalar_type() == torch::kUInt8 && data.size(1) * kQBlock == k && data.size(2) == tile_bytes(format),
+                "a quantized linear must be [P, ", k / kQBlock, ", ", tile_bytes(format), "] uint8");
+  } else {
+    TORCH_CHECK(data.scalar_type() == torch::kFloat32 || data.scalar_type() == torch::kBFloat16,
+                "a packed linear must be float32 or bfloat16");
+    TORCH_CHECK(data.size(1) == k && data.size(2) == kPanel, "a packed linear must be [P, ", k, ", 16]");
+  }
+  return HeldLinear{data, format, n, k};
+}
+
+void DecoderStack::add_layer(const torch::Tensor& input_norm, const torch::Tensor& qkv, int64_t qkv_format,
+                             const torch::Tensor& o, int64_t o_format, const torch::Tensor& post_norm,
+                             const torch::Tensor& gate_up, int64_t gate_up_format, const torch::Tensor& down,
+                             int64_t down_format, const torch::Tensor& k_cache, const torch::Tensor& v_cache) {
+  check_float(input_norm, "input norm");
+  check_float(post_norm, "post-attention norm");
+  TORCH_CHECK(input_norm.numel() == hidden_ && post_norm.numel() == hidden_, "norm weights must be [hidden]");
+  check_float(k_cache, "K cache");
+  check_float(v_cache, "V cache");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() && k_cache.size(1) == kv_heads_ &&
+                  k_cache.size(3) == head_dim_,
+              "caches must be [blocks, kv_heads, block, head_dim]");
+  const int64_t q_size = heads_ * head_dim_, kv_size = kv_heads_ * head_dim_;
+  layers_.push_back(DecoderLayer{
+      input_norm,
+      post_norm,
+      held(qkv, qkv_format, q_size + 2 * kv_size, hidden_),
+      held(o, o_format, hidden_, q_size),
+      held(gate_up, gate_up_format, 2 * intermediate_, hidden_),
+      held(down, down_format, hidden_, intermediate_),
+      k_cache,
+      v_cache,
+  });
+}
+
+torch::Tensor DecoderStack::forward(const std::string& isa, const torch::Tensor& x, const torch::Tensor& slots,
+                                    const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& tables,
+                                    const torch::Tensor& owners, const torch::Tensor& positions) {
+  const KernelTable& t = table_for(isa);
+  check_float(x, "x");
+  check_float(cos, "cos");
+  check_float(sin, "sin");
+  for (const auto* l : {&slots, &tables, &owners, &positions}) check_long(*l, "slots, tables, owners and positions");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == hidden_, "x must be [N, hidden]");
+  const int64_t rows = x.size(0), d = head_dim_;
+  TORCH_CHECK(slots.numel() == rows && owners.numel() == rows && positions.numel() == rows,
+              "one slot, owner and position per row");
+  TORCH_CHECK(cos.numel() == rows * d && sin.numel() == rows * d, "cos and sin must be [N, head_dim]");
+  TORCH_CHECK(tables.dim() == 2, "tables must be [R, nb]");
+  auto out = x.clone();  // [N, hidden]: the residual stream
+  if (rows == 0 || layers_.empty()) return out;
+  const int64_t q_size = heads_ * d, kv_size = kv_heads_ * d, qkv_n = q_size + 2 * kv_size;
+  const int64_t block = layers_[0].k_cache.size(2), slot_count = layers_[0].k_cache.size(0) * block;
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) TORCH_CHECK(slot[r] >= 0 && slot[r] < slot_count, "slot out of the KV pool");
+  h_.resize(rows * hidden_);
+  qkv_.resize(rows * qkv_n);
+  q_.resize(rows * q_size);
+  k_.resize(rows * kv_size);
+  attn_.resize(rows * q_size);
+  tmp_.resize(rows * hidden_);
+  gate_up_.resize(rows * 2 * intermediate_);
+  act_.resize(rows * intermediate_);
+  float* xs = out.data_ptr<float>();
+  const float* cs = cos.data_ptr<float>();
+  const float* sn = sin.data_ptr<float>();
+  for (const DecoderLayer& layer : layers_) {
+    norm(t, xs, rows, hidden_, eps_, layer.input_norm, h_.data());
+    apply(t, layer.qkv, h_.data(), rows, qkv_.data());  // [N, q | k | v]
+    float* kc = layer.k_cache.data_ptr<float>();
+    float* vc = layer.v_cache.data_ptr<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* src = qkv_.data() + r * qkv_n;
+      for (int64_t hd = 0; hd < heads_; ++hd) rotate(src + hd * d, cs + r * d, sn + r * d, d, q_.data() + (r * heads_ + hd) * d);
+      const int64_t b = slot[r] / block, off = slot[r] % block;
+      for (int64_t g = 0; g < kv_heads_; ++g) {
+        const int64_t at = ((b * kv_heads_ + g) * block + off) * d;  // [blocks, kv_heads, block, d]
+        rotate(src + q_size + g * d, cs + r * d, sn + r * d, d, kc + at);
+        std::memcpy(vc + at, src + q_size + kv_size + g * d, d * sizeof(float));
+      }
+    }
+    const AttentionArgs<float> args{
+        q_.data(),  kc,     vc,       tables.data_ptr<int64_t>(), tables.size(1), owners.data_ptr<int64_t>(),
+        positions.data_ptr<int64_t>(), heads_, kv_heads_, d, block, static_cast<float>(scale_), 0, 0.0f,
+        attn_.data()};
+    run_attention(t, args, rows);  // [N, heads * d]
+    apply(t, layer.o, attn_.data(), rows, tmp_.data());
+    add_into(xs, tmp_.data(), rows * hidden_);
+    norm(t, xs, rows, hidden_, eps_, layer.post_norm, h_.data());
+    apply(t, layer.gate_up, h_.data(), rows, gate_up_.data());  // [N, gate | up]
+    run_silu_mul(t, gate_up_.data(), rows, intermediate_, act_.data());
+    apply(t, layer.down, act_.data(), rows, tmp_.data());
+    add_into(xs, tmp_.data(), rows * hidden_);
+  }
+  return out;
+}
+
+}  // namespace nxk

@@ -1,0 +1,63 @@
+// The decoder's layer loop in C++: one call runs every layer of a Llama-family stack over a step's
+// rows, so the Python work per step does not grow with the layer count and no tensor is allocated
+// per layer (the step's scratch buffers are kept and reused from step to step).
+//
+// The same kernels as the layer-by-layer Python path (ops.h launchers, the same thread splits), and
+// the same elementwise float32 operations in the same order (a product and a sum are each rounded
+// once: the build never contracts them into a fused multiply-add), so the two paths give the same
+// bits; the tests compare them.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <string>
+#include <vector>
+
+namespace nxk {
+
+// One linear weight as the engine holds it: packed float panels [P, K, 16] (float32 or bfloat16,
+// format < 0) or packed quantized tiles [P, K / 32, tile bytes] uint8 in ``format`` (quantized.h).
+struct HeldLinear {
+  torch::Tensor data;
+  int64_t format;
+  int64_t n, k;  // logical [N, K]
+};
+
+struct DecoderLayer {
+  torch::Tensor input_norm, post_norm;  // [hidden] float32
+  HeldLinear qkv, o, gate_up, down;     // [q + 2 kv, hidden], [hidden, q], [2 inter, hidden], [hidden, inter]
+  torch::Tensor k_cache, v_cache;       // [blocks, kv_heads, block, head_dim] float32
+};
+
+class DecoderStack {
+ public:
+  DecoderStack(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, double eps,
+               double scale);
+
+  // Appends a layer (mutates). Weights and caches are held by reference: the tensors' contents may
+  // change between steps; a replaced tensor needs a new stack.
+  void add_layer(const torch::Tensor& input_norm, const torch::Tensor& qkv, int64_t qkv_format, const torch::Tensor& o,
+                 int64_t o_format, const torch::Tensor& post_norm, const torch::Tensor& gate_up,
+                 int64_t gate_up_format, const torch::Tensor& down, int64_t down_format, const torch::Tensor& k_cache,
+                 const torch::Tensor& v_cache);
+
+  // Every layer over the step's rows: x [N, hidden] float32 (the embeddings) -> [N, hidden] float32
+  // (a new tensor), writing each row's K/V at its slot. slots, positions, owners [N] long; cos, sin
+  // [N, head_dim] float32 (RoPE rows, rotate-half layout); tables [R, nb] long block tables.
+  torch::Tensor forward(const std::string& isa, const torch::Tensor& x, const torch::Tensor& slots,
+                        const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& tables,
+                        const torch::Tensor& owners, const torch::Tensor& positions);
+
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+
+ private:
+  HeldLinear held(const torch::Tensor& data, int64_t format, int64_t n, int64_t k) const;
+
+  int64_t hidden_, heads_, kv_heads_, head_dim_, intermediate_;
+  double eps_, scale_;
+  std::vector<DecoderLayer> layers_;
+  // scratch for one step, reused: sized for the largest step seen so far
+  std::vector<float> h_, qkv_, q_, k_, attn_, tmp_, gate_up_, act_;
+};
+
+}  // namespace nxk

@@ -1,0 +1,91 @@
+// Launchers shared by the torch-facing entry points (bindings.cpp) and the decoder stack (decoder.cpp):
+// each runs one kernel of a table over raw buffers, splitting its work between threads over outputs
+// only (column panels, rows, query rows x KV heads), never inside a reduction. One place decides each
+// split, so a kernel called from Python and the same kernel inside the decoder's layer loop run alike.
+// T is float (float32) or uint16_t (bfloat16 bits).
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "table.h"
+
+namespace nxk {
+
+// the table for "avx2" or "generic" (raises on any other name)
+inline const KernelTable& table_for(const std::string& isa) {
+  static const KernelTable generic = generic_table();
+  static const KernelTable avx2 = avx2_table();
+  if (isa == "avx2") return avx2;
+  TORCH_CHECK(isa == "generic", "unknown instruction set ", isa);
+  return generic;
+}
+
+// y [M, N] float32 = x [M, K] float32 @ W^T over a packed weight [P, K, 16] of T
+template <class T>
+void run_linear(const KernelTable& t, const float* x, int64_t m, int64_t k, const T* packed, int64_t n, float* y) {
+  if (m == 0) return;
+  const int64_t panels = (n + kPanel - 1) / kPanel;
+  // at least 16 panels a thread at one row (a 576-wide layer still splits in two), fewer at many rows
+  const int64_t grain = std::max<int64_t>(1, 16 / std::max<int64_t>(1, m));
+  at::parallel_for(0, panels, grain, [&](int64_t b, int64_t e) {
+    if constexpr (std::is_same_v<T, float>) {
+      t.linear_f32(x, m, k, packed, n, y, b, e);
+    } else {
+      t.linear_bf16(x, m, k, packed, n, y, b, e);
+    }
+  });
+}
+
+// y [M, N] float32 = x [M, K] float32 @ W^T over a packed quantized weight in ``format`` (quantized.h)
+inline void run_qlinear(const KernelTable& t, const float* x, int64_t m, int64_t k, const uint8_t* packed,
+                        int64_t format, int64_t n, float* y) {
+  if (m == 0) return;
+  const int64_t panels = (n + kPanel - 1) / kPanel;
+  const auto fn = format == kQ8 ? t.qlinear_q8 : t.qlinear_q4;
+  const int64_t grain = std::max<int64_t>(2, 16 / std::max<int64_t>(1, m));  // even: panel pairs stay whole
+  at::parallel_for(0, panels, grain, [&](int64_t b, int64_t e) { fn(x, m, k, packed, n, y, b, e); });
+}
+
+// out [rows, D] float32 = x / rms(x), row by row
+template <class T>
+void run_rms_norm(const KernelTable& t, const T* x, int64_t rows, int64_t d, float eps, float* out) {
+  at::parallel_for(0, rows, 16, [&](int64_t b, int64_t e) {
+    if constexpr (std::is_same_v<T, float>) {
+      t.rms_norm_f32(x, d, eps, out, b, e);
+    } else {
+      t.rms_norm_bf16(x, d, eps, out, b, e);
+    }
+  });
+}
+
+// out [rows, I] float32 = silu(gate) * up, for rows of [gate | up] [rows, 2I]
+template <class T>
+void run_silu_mul(const KernelTable& t, const T* gate_up, int64_t rows, int64_t inter, float* out) {
+  at::parallel_for(0, rows, 8, [&](int64_t b, int64_t e) {
+    if constexpr (std::is_same_v<T, float>) {
+      t.silu_mul_f32(gate_up, inter, out, b, e);
+    } else {
+      t.silu_mul_bf16(gate_up, inter, out, b, e);
+    }
+  });
+}
+
+// attention for every (query row, KV head) item of ``a``
+template <class T>
+void run_attention(const KernelTable& t, const AttentionArgs<T>& a, int64_t rows) {
+  at::parallel_for(0, rows * a.kv_heads, 1, [&](int64_t b, int64_t e) {
+    if constexpr (std::is_same_v<T, float>) {
+      t.attention_f32(a, b, e);
+    } else {
+      t.attention_bf16(a, b, e);
+    }
+  });
+}
+
+}  // namespace nxk
