@@ -36,7 +36,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     name: str = ""
-    # (HF weight name, GGUF type) of each weight the file holds quantized (Q8_0, Q4_0, Q4_1)
+    # (HF weight name, GGUF type) of each weight the file holds quantized (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)
     quantized_weights: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
@@ -113,7 +113,7 @@ def resolve_device(device: str) -> torch.device:
 class EngineConfig:
     """Engine settings. The KV pool (num_kv_blocks x block_size tokens) is allocated up front.
 
-    ``quantize``: "auto" keeps a file's quantized weights quantized (GGUF Q8_0 / Q4_0 / Q4_1) and float
+    ``quantize``: "auto" keeps a file's quantized weights quantized (GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K) and float
     weights in ``dtype``; "none" dequantizes everything to ``dtype``; "int8" also quantizes float linear
     weights to Q8_0 (int8 per 32 inputs, one scale each). Quantized weights run on the CPU kernels; on
     another device they are dequantized.

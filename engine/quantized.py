@@ -6,10 +6,15 @@ blocks per output row, and the logical [N, K] shape. The loader fills it from a 
 for the kernels (engine/kernels/csrc/quantized.h), which compute with exactly the values
 ``dequantize`` gives (gguf's own reference dequantizer).
 
-    blocks  [N, K / 32, block bytes] uint8     Q8_0: f16 d, 32 x int8             (34 bytes)
-                                               Q4_0: f16 d, 16 bytes of nibbles   (18 bytes)
-                                               Q4_1: f16 d, f16 m, 16 bytes       (20 bytes)
-    nibbles: byte j of a block holds element j in its low nibble and element j + 16 in its high one.
+    blocks  [N, K / block, block bytes] uint8  Q8_0: f16 d, 32 x int8             (34 bytes per 32)
+                                               Q4_0: f16 d, 16 bytes of nibbles   (18 bytes per 32)
+                                               Q4_1: f16 d, f16 m, 16 bytes       (20 bytes per 32)
+                                               Q4_K: f16 d, f16 dmin, 12 bytes of 6-bit scales and
+                                                     mins, 128 bytes of nibbles   (144 bytes per 256)
+                                               Q6_K: 128 bytes low nibbles, 64 bytes high 2 bits,
+                                                     16 int8 scales, f16 d        (210 bytes per 256)
+    nibbles (Q4_0/Q4_1): byte j of a block holds element j in its low nibble and element j + 16 in its
+    high one. The K types' layouts are gguf's (gguf.quants.Q4_K / Q6_K); quant_pack.py reads them.
 """
 
 from __future__ import annotations
@@ -20,25 +25,28 @@ import gguf
 import numpy as np
 import torch
 
-BLOCK = 32  # elements per block, every type here
-BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
+BLOCK = 32  # elements per block of the 32-element types; every kept type's K is a multiple of it
+BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q4_K": 144, "Q6_K": 210}
+BLOCK_ELEMENTS = {"Q8_0": 32, "Q4_0": 32, "Q4_1": 32, "Q4_K": 256, "Q6_K": 256}
 QTYPES = tuple(BLOCK_BYTES)
 
 
 @dataclass(frozen=True)
 class QuantizedWeight:
-    """A [N, K] weight as GGUF blocks. Invariant: ``blocks.shape == (N, K // 32, BLOCK_BYTES[qtype])``."""
+    """A [N, K] weight as GGUF blocks. Invariant: ``blocks.shape == (N, K // BLOCK_ELEMENTS[qtype],
+    BLOCK_BYTES[qtype])``."""
 
     qtype: str
-    blocks: torch.Tensor  # [N, K / 32, block bytes] uint8
+    blocks: torch.Tensor  # [N, K / block elements, block bytes] uint8
     shape: tuple[int, int]  # (N, K): N output rows, K inputs
 
     def __post_init__(self) -> None:
         if self.qtype not in BLOCK_BYTES:
             raise ValueError(f"unsupported quantized type {self.qtype}; supported: {', '.join(QTYPES)}")
         n, k = self.shape
-        expected = (n, k // BLOCK, BLOCK_BYTES[self.qtype])
-        if k % BLOCK or tuple(self.blocks.shape) != expected or self.blocks.dtype != torch.uint8:
+        elements = BLOCK_ELEMENTS[self.qtype]
+        expected = (n, k // elements, BLOCK_BYTES[self.qtype])
+        if k % elements or tuple(self.blocks.shape) != expected or self.blocks.dtype != torch.uint8:
             raise ValueError(
                 f"{self.qtype} blocks of a {n}x{k} weight must be uint8 {expected}, got "
                 f"{self.blocks.dtype} {tuple(self.blocks.shape)}"

@@ -7,19 +7,31 @@ holds: the 16 rows' float16 scales d, for 4-bit types their float16 offsets m (Q
 -8 d: exact), then the quants laid out by k, 16 columns side by side (Q8: one int8 each; Q4: byte j =
 column j | column j+8 << 4). Rows past N are zero (weight 0). Every value the kernels compute from a
 tile, q * d (+ m), is exactly gguf's dequantized value: the products are exact in float32.
+
+The K types are regrouped by 32 k with float32 scales (their per-sub-block scales are products of a
+float16 and a small integer, exact in float32 but not in float16): Q4_K as Q4S (d, m = -dmin * min,
+nibbles as Q4), Q6_K as Q8S (a scale per 16 k, so two per tile, then the quants as int8).
 """
 
 from __future__ import annotations
 
+import gguf
+import numpy as np
 import torch
 
 from engine.quantized import BLOCK, QuantizedWeight
 
 PANEL = 16
-Q8, Q4 = 0, 1  # quantized.h QFormat
-FORMAT_OF = {"Q8_0": Q8, "Q4_0": Q4, "Q4_1": Q4}
+Q8, Q4, Q4S, Q8S = 0, 1, 2, 3  # quantized.h QFormat
+FORMAT_OF = {"Q8_0": Q8, "Q4_0": Q4, "Q4_1": Q4, "Q4_K": Q4S, "Q6_K": Q8S}
 SCALE_BYTES = PANEL * 2  # 16 float16 scales (or mins)
-TILE_BYTES = {Q8: SCALE_BYTES + BLOCK * PANEL, Q4: 2 * SCALE_BYTES + BLOCK * PANEL // 2}
+WIDE_SCALE_BYTES = PANEL * 4  # 16 float32 scales (or mins)
+TILE_BYTES = {
+    Q8: SCALE_BYTES + BLOCK * PANEL,
+    Q4: 2 * SCALE_BYTES + BLOCK * PANEL // 2,
+    Q4S: 2 * WIDE_SCALE_BYTES + BLOCK * PANEL // 2,
+    Q8S: 2 * WIDE_SCALE_BYTES + BLOCK * PANEL,
+}
 
 
 def packed_bytes(qtype: str, n: int, k: int) -> int:
@@ -44,10 +56,59 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.uint8).reshape(t.shape[0], t.shape[1], -1)
 
 
+def _nibble_tiles(d: torch.Tensor, m: torch.Tensor, values: torch.Tensor, panels: int) -> torch.Tensor:
+    """Q4-style tiles from per-32-block scales d, offsets m [N, nb] (float16 or float32) and 4-bit
+    values [N, nb, 32]: [P, nb, tile bytes]."""
+    v = _by_panel(values, panels).permute(0, 2, 3, 1)  # [P, nb, 32, 16]
+    packed_nibbles = v[..., : PANEL // 2] | (v[..., PANEL // 2 :] << 4)  # [P, nb, 32, 8]
+    scales = [_as_bytes(_by_panel(t, panels).transpose(1, 2)) for t in (d, m)]  # [P, nb, 16 x bytes]
+    return torch.cat([*scales, _as_bytes(packed_nibbles)], dim=-1)
+
+
+def _pack_q4_k(weight: QuantizedWeight, panels: int) -> torch.Tensor:
+    """Q4_K blocks as Q4S tiles: per 32-element sub-block d = d_super * sc and m = -(dmin * mn), both
+    exact float32 products (gguf's own scale unpacking), and the sub-block's nibbles."""
+    n, k = weight.shape
+    raw = weight.blocks  # [N, K / 256, 144]
+    supers = raw.shape[1]
+    d_super = _f16(raw[..., 0:2]).float()  # [N, ns]
+    dmin = _f16(raw[..., 2:4]).float()
+    sc, mn = gguf.quants.Q4_K.get_scale_min(raw[..., 4:16].reshape(-1, 12).numpy())  # [N * ns, 8] each
+    sc_t = torch.from_numpy(sc.astype(np.float32)).view(n, supers, 8)
+    mn_t = torch.from_numpy(mn.astype(np.float32)).view(n, supers, 8)
+    d = (d_super[..., None] * sc_t).reshape(n, k // BLOCK)  # [N, nb]
+    m = -(dmin[..., None] * mn_t).reshape(n, k // BLOCK)
+    qs = raw[..., 16:].reshape(n, supers, 4, 1, 32)  # 4 chunks of 32 bytes: low nibbles, then high
+    values = torch.cat([qs & 0x0F, qs >> 4], dim=3).reshape(n, k // BLOCK, BLOCK)  # [N, nb, 32]
+    return _nibble_tiles(d, m, values, panels)
+
+
+def _pack_q6_k(weight: QuantizedWeight, panels: int) -> torch.Tensor:
+    """Q6_K blocks as Q8S tiles: the signed 6-bit quants as int8 and each 16 elements' scale
+    d_super * sc (exact in float32), two per 32-element block (gguf's own layout, read as gguf reads it)."""
+    n, k = weight.shape
+    raw = weight.blocks  # [N, K / 256, 210]
+    supers = raw.shape[1]
+    ql = raw[..., :128].reshape(n, supers, 2, 1, 64)
+    ql = torch.cat([ql & 0x0F, ql >> 4], dim=3).reshape(n, supers, 8, 32)
+    qh = raw[..., 128:192].reshape(n, supers, 2, 1, 32)
+    qh = torch.cat([(qh >> shift) & 0x03 for shift in (0, 2, 4, 6)], dim=3).reshape(n, supers, 8, 32)
+    q = ((ql | (qh << 4)).to(torch.int16) - 32).to(torch.int8).reshape(n, k // BLOCK, BLOCK)  # [N, nb, 32]
+    scales = raw[..., 192:208].contiguous().view(torch.int8).float()  # [N, ns, 16]
+    d = (_f16(raw[..., 208:210]).float()[..., None] * scales).reshape(n, k // BLOCK, 2)  # [N, nb, 2]
+    first, second = (_as_bytes(_by_panel(d[..., i], panels).transpose(1, 2)) for i in (0, 1))
+    quants = _by_panel(q, panels).permute(0, 2, 3, 1)  # [P, nb, 32, 16]
+    return torch.cat([first, second, _as_bytes(quants)], dim=-1)
+
+
 def pack_quantized(weight: QuantizedWeight) -> tuple[int, torch.Tensor]:
     """(format, packed [P, K / 32, tile bytes] uint8) of a quantized [N, K] weight."""
     n, k = weight.shape
     panels, blocks = -(-n // PANEL), k // BLOCK
+    if weight.qtype == "Q4_K":
+        return Q4S, _pack_q4_k(weight, panels)
+    if weight.qtype == "Q6_K":
+        return Q8S, _pack_q6_k(weight, panels)
     raw = weight.blocks  # [N, nb, block bytes]
     d = _by_panel(_f16(raw[..., 0:2]), panels).transpose(1, 2)  # [P, nb, 16]
     if weight.qtype == "Q8_0":
@@ -56,35 +117,46 @@ def pack_quantized(weight: QuantizedWeight) -> tuple[int, torch.Tensor]:
         return Q8, torch.cat([_as_bytes(d), _as_bytes(quants)], dim=-1)
     nibbles = raw[..., -BLOCK // 2 :]  # [N, nb, 16]
     values = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1)  # [N, nb, 32], element order
-    m = _f16(raw[..., 2:4]) if weight.qtype == "Q4_1" else None
-    if m is None:  # Q4_0: w = d (q - 8) = q d + (-8 d); -8 d is exact in float16 unless it overflows
-        m_panels = d * -8.0
-        if not bool(torch.isfinite(m_panels).all()):
-            raise ValueError("a Q4_0 block scale is too large to hold -8 d in float16")
-    else:
-        m_panels = _by_panel(m, panels).transpose(1, 2)  # [P, nb, 16]
-    v = _by_panel(values, panels).permute(0, 2, 3, 1)  # [P, nb, 32, 16]
-    packed_nibbles = v[..., : PANEL // 2] | (v[..., PANEL // 2 :] << 4)  # [P, nb, 32, 8]
-    assert packed_nibbles.shape[1] == blocks
-    return Q4, torch.cat([_as_bytes(d), _as_bytes(m_panels), _as_bytes(packed_nibbles)], dim=-1)
+    d16 = _f16(raw[..., 0:2])  # [N, nb] float16
+    if weight.qtype == "Q4_1":
+        return Q4, _nibble_tiles(d16, _f16(raw[..., 2:4]), values, panels)
+    # Q4_0: w = d (q - 8) = q d + (-8 d); -8 d is exact in float16 unless it overflows
+    m16 = d16 * -8.0
+    if not bool(torch.isfinite(m16).all()):
+        raise ValueError("a Q4_0 block scale is too large to hold -8 d in float16")
+    assert values.shape[1] == blocks
+    return Q4, _nibble_tiles(d16, m16, values, panels)
 
 
 def _tile_parts(tiles: torch.Tensor, fmt: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """tiles [..., nb, tile bytes] -> d [..., nb, 16], m [..., nb, 16] or None, quants [..., nb, 32, 16]."""
+    """tiles [..., nb, tile bytes] -> scale [..., nb, 32, 16] (each k's), m [..., nb, 1, 16] or None,
+    quants [..., nb, 32, 16], all float32."""
     lead = tiles.shape[:-1]
-    d = tiles[..., :SCALE_BYTES].contiguous().view(torch.float16).float()
-    if fmt == Q8:
-        q = tiles[..., SCALE_BYTES:].contiguous().view(torch.int8).reshape(*lead, BLOCK, PANEL)
-        return d, None, q.float()
-    m = tiles[..., SCALE_BYTES : 2 * SCALE_BYTES].contiguous().view(torch.float16).float()
-    by = tiles[..., 2 * SCALE_BYTES :].reshape(*lead, BLOCK, PANEL // 2)
-    return d, m, torch.cat([by & 0x0F, by >> 4], dim=-1).float()
+    if fmt in (Q4S, Q8S):
+        wide = tiles[..., : 2 * WIDE_SCALE_BYTES].contiguous().view(torch.float32)  # [..., nb, 32]
+        d, second = wide[..., :PANEL].unsqueeze(-2), wide[..., PANEL:].unsqueeze(-2)
+        body = tiles[..., 2 * WIDE_SCALE_BYTES :]
+    else:
+        d = tiles[..., :SCALE_BYTES].contiguous().view(torch.float16).float().unsqueeze(-2)
+        second = (
+            tiles[..., SCALE_BYTES : 2 * SCALE_BYTES].contiguous().view(torch.float16).float().unsqueeze(-2)
+        )
+        body = tiles[..., (SCALE_BYTES if fmt == Q8 else 2 * SCALE_BYTES) :]
+    if fmt in (Q8, Q8S):
+        q = body.contiguous().view(torch.int8).reshape(*lead, BLOCK, PANEL).float()
+        half = BLOCK // 2
+        scale = d.expand(*lead, BLOCK, PANEL) if fmt == Q8 else torch.cat(
+            [d.expand(*lead, half, PANEL), second.expand(*lead, half, PANEL)], dim=-2
+        )  # fmt: skip
+        return scale, None, q
+    by = body.reshape(*lead, BLOCK, PANEL // 2)
+    return d.expand(*lead, BLOCK, PANEL), second, torch.cat([by & 0x0F, by >> 4], dim=-1).float()
 
 
-def _values(d: torch.Tensor, m: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:
-    """q * d (+ m) per column, as the kernels compute it: [..., nb, 32, 16] float32."""
-    w = q * d.unsqueeze(-2)
-    return w if m is None else w + m.unsqueeze(-2)
+def _values(scale: torch.Tensor, m: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:
+    """q * d (+ m) per column, as the kernels compute it (fma: q * d is exact): [..., nb, 32, 16] float32."""
+    w = q * scale
+    return w if m is None else w + m
 
 
 def unpack_quantized(packed: torch.Tensor, fmt: int, n: int) -> torch.Tensor:
@@ -96,10 +168,9 @@ def unpack_quantized(packed: torch.Tensor, fmt: int, n: int) -> torch.Tensor:
 
 def quantized_rows(packed: torch.Tensor, fmt: int, ids: torch.Tensor) -> torch.Tensor:
     """Rows ``ids`` [T] long of the weight, dequantized: [T, K] float32 (an embedding lookup)."""
-    d, m, q = _tile_parts(packed[ids // PANEL], fmt)  # [T, nb, 16], ..., [T, nb, 32, 16]
-    col = (ids % PANEL).view(-1, 1, 1)
-    d = d.gather(2, col.expand(-1, d.shape[1], 1))  # [T, nb, 1]
-    m = None if m is None else m.gather(2, col.expand(-1, m.shape[1], 1))
-    q = q.gather(3, col.unsqueeze(-1).expand(-1, q.shape[1], BLOCK, 1))  # [T, nb, 32, 1]
-    w = _values(d, m, q)  # [T, nb, 32, 1]
-    return w.reshape(ids.numel(), -1)
+    scale, m, q = _tile_parts(packed[ids // PANEL], fmt)  # [T, nb, 32, 16], [T, nb, 1, 16], [T, nb, 32, 16]
+    col = (ids % PANEL).view(-1, 1, 1, 1)
+    scale = scale.gather(3, col.expand(-1, scale.shape[1], BLOCK, 1))  # [T, nb, 32, 1]
+    m = None if m is None else m.gather(3, col.expand(-1, m.shape[1], 1, 1))
+    q = q.gather(3, col.expand(-1, q.shape[1], BLOCK, 1))  # [T, nb, 32, 1]
+    return _values(scale, m, q).reshape(ids.numel(), -1)

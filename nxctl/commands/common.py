@@ -8,7 +8,7 @@ from typing import NoReturn
 import typer
 
 QUANTIZE_HELP = (
-    "auto: keep a GGUF's quantized weights quantized (Q8_0, Q4_0, Q4_1); none: dequantize to --dtype; "
+    "auto: keep a GGUF's quantized weights quantized (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K); none: dequantize to --dtype; "
     "int8: also quantize float weights to Q8_0."
 )
 

@@ -50,7 +50,7 @@ torch::Tensor qlinear(const std::string& isa, const torch::Tensor& x, const torc
   check_cpu(x, "x");
   check_cpu(packed, "packed weight");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x must be [M, K] float32");
-  TORCH_CHECK(format == nxk::kQ8 || format == nxk::kQ4, "unknown quantized format ", format);
+  TORCH_CHECK(format >= nxk::kQ8 && format <= nxk::kQ8S, "unknown quantized format ", format);
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == torch::kUInt8 && packed.size(2) == nxk::tile_bytes(format),
               "packed weight must be [P, K / 32, ", nxk::tile_bytes(format), "] uint8");
   const int64_t m = x.size(0), k = x.size(1), panels = packed.size(0);
@@ -187,6 +187,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("QBLOCK") = nxk::kQBlock;
   m.attr("Q8") = static_cast<int64_t>(nxk::kQ8);
   m.attr("Q4") = static_cast<int64_t>(nxk::kQ4);
+  m.attr("Q4S") = static_cast<int64_t>(nxk::kQ4S);
+  m.attr("Q8S") = static_cast<int64_t>(nxk::kQ8S);
   m.attr("Q8_TILE_BYTES") = nxk::tile_bytes(nxk::kQ8);
   m.attr("Q4_TILE_BYTES") = nxk::tile_bytes(nxk::kQ4);
 }

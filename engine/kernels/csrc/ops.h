@@ -47,7 +47,7 @@ inline void run_qlinear(const KernelTable& t, const float* x, int64_t m, int64_t
                         int64_t format, int64_t n, float* y) {
   if (m == 0) return;
   const int64_t panels = (n + kPanel - 1) / kPanel;
-  const auto fn = format == kQ8 ? t.qlinear_q8 : t.qlinear_q4;
+  const auto fn = format == kQ8 ? t.qlinear_q8 : format == kQ4 ? t.qlinear_q4 : format == kQ4S ? t.qlinear_q4s : t.qlinear_q8s;
   const int64_t grain = std::max<int64_t>(2, 16 / std::max<int64_t>(1, m));  // even: panel pairs stay whole
   at::parallel_for(0, panels, grain, [&](int64_t b, int64_t e) { fn(x, m, k, packed, n, y, b, e); });
 }

@@ -8,8 +8,13 @@
 //   Q8   d[16] float16, then q[32][16] int8                      w = q * d
 //   Q4   d[16] float16, m[16] float16, then q[32][8] bytes:      w = fma(q, d, m)
 //        byte j of a row holds column j in its low nibble and column j + 8 in its high nibble
+//   Q4S  d[16] float32, m[16] float32, then q[32][8] bytes as Q4:  w = fma(q, d, m)
+//   Q8S  d[16] float32 (k 0..15), e[16] float32 (k 16..31), then q[32][16] int8:  w = q * (d or e)
 // GGUF's Q8_0 is Q8; Q4_1 is Q4 with its own min m; Q4_0 is Q4 with m = -8 d. Every product q * d is
 // exact in float32 (an 11-bit f16 scale times at most 8 bits), so fma(q, d, m) is gguf's d * q + m.
+// Q4_K is Q4S: its sub-block scale d = d_super * sc and min m = -(dmin * mn) are exact float32 products
+// (11 bits times 6), and q * d is exact (21 bits), so fma(q, d, m) is gguf's d * q - dm. Q6_K is Q8S:
+// a scale per 16 k, d_super * sc exact (11 bits times 8), q * d exact (at most 24 bits).
 #pragma once
 
 #include <algorithm>
@@ -21,12 +26,16 @@
 namespace nxk {
 
 constexpr int64_t kQBlock = 32;  // k per quantization block (GGUF's QK8_0, QK4_0, QK4_1)
-enum QFormat : int { kQ8 = 0, kQ4 = 1 };
+enum QFormat : int { kQ8 = 0, kQ4 = 1, kQ4S = 2, kQ8S = 3 };
 
 constexpr int64_t kScaleBytes = kPanel * 2;  // 16 float16 scales (or mins)
+constexpr int64_t kWideScaleBytes = kPanel * 4;  // 16 float32 scales (or mins)
 
 constexpr int64_t tile_bytes(int format) {
-  return format == kQ8 ? kScaleBytes + kQBlock * kPanel : 2 * kScaleBytes + kQBlock * kPanel / 2;
+  return format == kQ8    ? kScaleBytes + kQBlock * kPanel
+         : format == kQ4  ? 2 * kScaleBytes + kQBlock * kPanel / 2
+         : format == kQ4S ? 2 * kWideScaleBytes + kQBlock * kPanel / 2
+                          : 2 * kWideScaleBytes + kQBlock * kPanel;
 }
 
 // One tile's scales in registers; ``at(kk)`` gives row kk's 16 weights as two vectors.
@@ -34,9 +43,18 @@ template <class O, int F>
 struct QTile {
   using V = typename O::V;
   const uint8_t* quants;
-  V d0, d1, m0, m1;
+  V d0, d1, m0, m1;  // Q8S: m holds the scales of k 16..31
 
   explicit QTile(const uint8_t* tile) {
+    if constexpr (F == kQ4S || F == kQ8S) {
+      const float* d = reinterpret_cast<const float*>(tile);
+      d0 = O::load(d);
+      d1 = O::load(d + kLanes);
+      m0 = O::load(d + kPanel);
+      m1 = O::load(d + kPanel + kLanes);
+      quants = tile + 2 * kWideScaleBytes;
+      return;
+    }
     const uint16_t* d = reinterpret_cast<const uint16_t*>(tile);
     d0 = O::load_f16(d);
     d1 = O::load_f16(d + kLanes);
@@ -55,6 +73,10 @@ struct QTile {
       const int8_t* q = reinterpret_cast<const int8_t*>(quants) + kk * kPanel;
       w0 = O::mul(O::load_i8(q), d0);
       w1 = O::mul(O::load_i8(q + kLanes), d1);
+    } else if constexpr (F == kQ8S) {
+      const int8_t* q = reinterpret_cast<const int8_t*>(quants) + kk * kPanel;
+      w0 = O::mul(O::load_i8(q), kk < kQBlock / 2 ? d0 : m0);
+      w1 = O::mul(O::load_i8(q + kLanes), kk < kQBlock / 2 ? d1 : m1);
     } else {
       V q0, q1;
       O::load_nibbles(quants + kk * (kPanel / 2), q0, q1);

@@ -22,6 +22,8 @@ struct KernelTable {
   void (*silu_mul_bf16)(const uint16_t*, int64_t, float*, int64_t, int64_t);
   void (*qlinear_q8)(const float*, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
   void (*qlinear_q4)(const float*, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
+  void (*qlinear_q4s)(const float*, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
+  void (*qlinear_q8s)(const float*, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
 };
 
 // The table instantiated over vector struct O.
@@ -40,6 +42,8 @@ KernelTable make_table(const char* name) {
       &silu_mul_rows<O, uint16_t>,
       &qlinear_panels<O, kQ8>,
       &qlinear_panels<O, kQ4>,
+      &qlinear_panels<O, kQ4S>,
+      &qlinear_panels<O, kQ8S>,
   };
 }
 
