@@ -11,6 +11,10 @@ class UnknownModelError(NxError, LookupError):
     """A model name that is neither a named model, a model folder nor a .gguf file."""
 
 
+class UnsafeModelNameError(UnknownModelError):
+    """A model name that would reach outside the store it names (``../``, an absolute path, ``%2e%2e``)."""
+
+
 class ModelFileError(NxError):
     """A model file or folder that is missing, unreadable or corrupt."""
 

@@ -9,7 +9,7 @@ import torch
 
 from engine.config import ModelConfig
 from engine.errors import ModelFileError
-from engine.loader import gguf_file, hf_folder
+from engine.loader import gguf_file, hf_cache, hf_folder, ollama_store
 from engine.loader.sources import NAMED_MODELS, ModelSource, resolve_model
 from engine.loader.tokenizer import ChatTokenizer, IncrementalDetokenizer
 from engine.quantized import QuantizedWeight, dense
@@ -20,6 +20,8 @@ __all__ = [
     "IncrementalDetokenizer",
     "LoadedModel",
     "ModelSource",
+    "hf_cache",
+    "ollama_store",
     "load_config",
     "load_model",
     "resolve_model",

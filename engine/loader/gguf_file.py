@@ -1,6 +1,7 @@
 """GGUF files of the Llama architecture: metadata -> ModelConfig, tensors as the file holds them
-(Q8_0 / Q4_0 / Q4_1 kept as QuantizedWeight blocks, float types as float32), the tokenizer rebuilt
-from the file's vocabulary and merges, the chat template from its metadata.
+(Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K kept as QuantizedWeight blocks for our kernels; every other type,
+the other K-quants and IQ4 included, dequantized by gguf one tensor at a time to float32), the tokenizer rebuilt from the
+file's vocabulary and merges, the chat template from its metadata.
 
 Trap: llama.cpp's converter permutes attn_q / attn_k rows for its RoPE layout; we undo it so the
 weights are in the Hugging Face (rotate-half) layout the forward expects.
@@ -21,16 +22,16 @@ from engine.config import ModelConfig
 from engine.errors import ModelFileError, UnsupportedModelError
 from engine.loader.progress import track
 from engine.loader.tokenizer import ChatTokenizer
-from engine.quantized import BLOCK_BYTES, QuantizedWeight
+from engine.quantized import BLOCK_BYTES, BLOCK_ELEMENTS, QuantizedWeight
 
+# every type common GGUF files hold that gguf can dequantize (kept quantized: quantized.BLOCK_BYTES)
 SUPPORTED_TYPES = {
-    gguf.GGMLQuantizationType.F32,
-    gguf.GGMLQuantizationType.F16,
-    gguf.GGMLQuantizationType.BF16,
-    gguf.GGMLQuantizationType.Q8_0,
-    gguf.GGMLQuantizationType.Q4_0,
-    gguf.GGMLQuantizationType.Q4_1,
-}
+    gguf.GGMLQuantizationType[name]
+    for name in (
+        "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
+        "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
+    )
+}  # fmt: skip
 LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
@@ -147,7 +148,7 @@ def _tensor(tensor: gguf.ReaderTensor) -> torch.Tensor | QuantizedWeight:
     qtype = tensor.tensor_type.name
     if qtype in BLOCK_BYTES and len(shape) == 2:
         raw = np.array(tensor.data, dtype=np.uint8, copy=True)  # [N, K / 32 * block bytes]
-        blocks = torch.from_numpy(raw).view(shape[0], shape[1] // 32, BLOCK_BYTES[qtype])
+        blocks = torch.from_numpy(raw).view(shape[0], shape[1] // BLOCK_ELEMENTS[qtype], BLOCK_BYTES[qtype])
         return QuantizedWeight(qtype, blocks, (shape[0], shape[1]))
     try:
         array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)

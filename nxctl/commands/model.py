@@ -1,4 +1,5 @@
-"""`nxctl model list|info`: the named models and what a model file holds."""
+"""`nxctl model list|info`: the models this machine has (named, pulled by Ollama, in the Hugging Face
+cache) and what a model file holds, with the bytes its weights take as they will be held."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ from rich.table import Table
 
 from engine.config import ModelConfig, parse_dtype
 from engine.errors import InvalidRequestError, NxError
-from engine.loader import NAMED_MODELS, load_config, resolve_model
+from engine.loader import NAMED_MODELS, ModelSource, hf_cache, load_config, ollama_store, resolve_model
 from engine.models.held_weights import held_weight_bytes
 from engine.mux.registry import QUANTIZE_MODES
 from nxctl.commands.common import QUANTIZE_HELP, fail
 
-app = typer.Typer(help="List named models and describe model files.", no_args_is_help=True)
+app = typer.Typer(help="List the models at hand and describe model files.", no_args_is_help=True)
 
 
 def model_info(name: str, dtype: str = "float32", quantize: str = "auto") -> dict[str, object]:
@@ -30,6 +31,9 @@ def model_info(name: str, dtype: str = "float32", quantize: str = "auto") -> dic
     return {
         "name": source.name,
         "source": source.kind,
+        "from": source.origin,
+        "path": str(source.path),
+        "file_bytes": _file_bytes(source),
         "architecture": config.architecture,
         "parameters": config.num_params,
         "layers": config.num_layers,
@@ -44,18 +48,35 @@ def model_info(name: str, dtype: str = "float32", quantize: str = "auto") -> dic
     }
 
 
+def _file_bytes(source: ModelSource) -> int:
+    """Bytes of the model file, or of a folder's weight files."""
+    if source.kind == "gguf":
+        return source.path.stat().st_size
+    return sum(f.stat().st_size for f in source.path.glob("*.safetensors"))
+
+
+def _list_row(name: str, origin: str, description: str) -> tuple[str, str, str, str, str]:
+    """One row of `model list`: name, where from, file bytes, weight bytes as held (or why not), description."""
+    try:
+        source = resolve_model(name)
+        held = f"{held_weight_bytes(load_config(source), 'float32', 'auto') / 2**20:,.1f} MiB"
+        size = f"{_file_bytes(source) / 2**20:,.1f} MiB"
+    except NxError as exc:
+        return name, origin, "-", f"unavailable: {exc}", description
+    return name, origin, size, held, description
+
+
 @app.command("list")
 def list_models() -> None:
-    """The named models this installation knows."""
-    table = Table("name", "description", "available")
-    for name, description in NAMED_MODELS.items():
-        try:
-            resolve_model(name)
-            available = "yes"
-        except NxError as exc:
-            available = f"no: {exc}"
-        table.add_row(name, description, available)
-    Console().print(table)
+    """Named models, models Ollama has pulled (OLLAMA_MODELS) and Hugging Face cache repositories
+    (HF_HUB_CACHE / HF_HOME): each with its file size and its weights' bytes as held (float32, auto)."""
+    rows = [_list_row(name, "named", description) for name, description in NAMED_MODELS.items()]
+    rows += [_list_row(m.name, "ollama", "pulled by Ollama") for m in ollama_store.list_models()]
+    rows += [_list_row(m.name, "hf-cache", "Hugging Face cache") for m in hf_cache.list_models()]
+    table = Table("name", "from", "file", "weights held", "description")
+    for row in rows:
+        table.add_row(*row)
+    Console(width=160).print(table)
 
 
 @app.command("info")

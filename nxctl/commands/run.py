@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -41,32 +42,50 @@ def stream_turn(
     return shown
 
 
+RUN_DEFAULTS: dict[str, Any] = {"max_tokens": 256, "temperature": 0.0, "top_k": 0, "top_p": 1.0}
+
+
 def run(
     model: Annotated[
         str, typer.Argument(help="A named model (smollm2, tiny), a model folder or a .gguf file.")
     ],
     prompt: Annotated[str | None, typer.Argument(help="The prompt; read from stdin when omitted.")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="A plain completion instead of a chat turn.")] = False,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens to generate.")] = 256,
-    temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
-    top_k: Annotated[int, typer.Option(help="Keep the k most likely tokens (0 = off).")] = 0,
-    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass, in (0, 1].")] = 1.0,
+    max_tokens: Annotated[
+        int | None, typer.Option("--max-tokens", "-n", help="Most tokens to generate [default: 256].")
+    ] = None,
+    temperature: Annotated[float | None, typer.Option(help="0 = greedy [default: 0].")] = None,
+    top_k: Annotated[
+        int | None, typer.Option(help="Keep the k most likely tokens (0 = off) [default: 0].")
+    ] = None,
+    top_p: Annotated[
+        float | None, typer.Option(help="Nucleus sampling mass, in (0, 1] [default: 1].")
+    ] = None,
     seed: Annotated[int | None, typer.Option(help="Seed of this request's random stream.")] = None,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
     quantize: Annotated[str, typer.Option("--quantize", help=QUANTIZE_HELP)] = "auto",
 ) -> None:
-    """One chat turn with a model, printed as it is generated."""
+    """One chat turn with a model, printed as it is generated. A model Ollama pulled brings its
+    manifest's stop words and parameters, which options given here override."""
     if prompt is None:
         if sys.stdin.isatty():
             fail("give a prompt, or pipe one on stdin")
         prompt = sys.stdin.read()
     if not prompt.strip():
         fail("the prompt is empty")
+    given = {
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "top_k": top_k,
+        "top_p": top_p,
+        "seed": seed,
+    }
+    chosen: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
     try:
-        params = SamplingParams(
-            max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
-        )
+        dataclasses.replace(SamplingParams(), **{**RUN_DEFAULTS, **chosen})  # bad values fail before loading
         llm = LLM(model, dtype=dtype, quantize=quantize)
+        settings: dict[str, Any] = {**RUN_DEFAULTS, **llm.source.defaults, **chosen}
+        params = dataclasses.replace(SamplingParams(), **settings, stop=llm.source.stop)
         stream_turn(llm, prompt, params, raw)
     except NxError as exc:
         fail(str(exc))

@@ -3,6 +3,8 @@
 OpenAI defaults: temperature 1, top_p 1, no top_k; a prompt plus max_tokens beyond the context is a 400.
 Ollama defaults: temperature 0.8, top_k 40, top_p 0.9, repeat_penalty 1.1 (applied over the whole
 context: there is no repeat_last_n window); num_predict -1 / -2 mean "until the context is full".
+A model Ollama pulled brings its manifest's parameters and stop words: they replace Ollama's defaults
+on the Ollama API (as in Ollama), and a request's options replace both.
 Without a limit, both generate at most the seat's default max tokens (and never past the context).
 With ``n`` choices and a seed, choice i samples with seed + i (reproducible, yet not all alike).
 Ollama truncates a prompt longer than its context: oldest turns first, system messages kept (chat), or
@@ -12,9 +14,12 @@ the prompt's oldest tokens (generate).
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import cast
 
 from engine.errors import InvalidRequestError
+from engine.loader.ollama_store import PARAMETER_NAMES
 from engine.sampling_params import SamplingParams
 from nxctl.server.api_errors import bad_request
 from nxctl.server.host import SeatModel
@@ -158,14 +163,23 @@ def ollama_max_tokens(options: Options | None, default_max: int) -> int | None:
     return None if options.num_predict < 0 else options.num_predict
 
 
-def ollama_params(options: Options | None, max_tokens: int, logprobs: int | None = None) -> SamplingParams:
-    """SamplingParams from Ollama ``options`` with Ollama's defaults; 400 on anything invalid."""
+def ollama_params(
+    options: Options | None,
+    max_tokens: int,
+    logprobs: int | None = None,
+    model_defaults: Mapping[str, float | int] | None = None,
+    model_stop: tuple[str, ...] = (),
+) -> SamplingParams:
+    """SamplingParams from Ollama ``options``; where an option is absent, the model's own default
+    (``model_defaults``, SamplingParams names, from its manifest), else Ollama's; 400 on anything invalid."""
     o = options or Options()
+    defaults = model_defaults or {}
+    own = {theirs: defaults[ours] for theirs, ours in PARAMETER_NAMES.items() if ours in defaults}
 
     def pick(name: str) -> object:
-        """The option ``name``, or Ollama's default for it."""
+        """The option ``name``, or the model's default, or Ollama's default for it (None: no default)."""
         value = getattr(o, name)
-        return OLLAMA_DEFAULTS[name] if value is None else value
+        return value if value is not None else own.get(name, OLLAMA_DEFAULTS.get(name))
 
     try:
         return SamplingParams(
@@ -173,12 +187,12 @@ def ollama_params(options: Options | None, max_tokens: int, logprobs: int | None
             temperature=float(pick("temperature")),  # type: ignore[arg-type]
             top_k=int(pick("top_k")),  # type: ignore[call-overload]
             top_p=float(pick("top_p")),  # type: ignore[arg-type]
-            min_p=o.min_p or 0.0,
-            seed=o.seed,
-            stop=tuple(o.stop or ()),
+            min_p=float(pick("min_p") or 0.0),  # type: ignore[arg-type]
+            seed=cast("int | None", pick("seed")),
+            stop=tuple(o.stop) if o.stop is not None else model_stop,
             repetition_penalty=float(pick("repeat_penalty")),  # type: ignore[arg-type]
-            presence_penalty=o.presence_penalty or 0.0,
-            frequency_penalty=o.frequency_penalty or 0.0,
+            presence_penalty=float(pick("presence_penalty") or 0.0),  # type: ignore[arg-type]
+            frequency_penalty=float(pick("frequency_penalty") or 0.0),  # type: ignore[arg-type]
             logprobs=logprobs,
         )
     except InvalidRequestError as exc:
@@ -192,21 +206,28 @@ class OllamaLimits:
     context: int  # num_ctx, capped by the model
     max_tokens: int | None  # None: until the context is full
     prompt: int  # the most prompt tokens kept (the rest is truncated)
+    model_defaults: Mapping[str, float | int] = field(default_factory=dict)  # from the model's manifest
+    model_stop: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, options: Options | None, model: SeatModel, default_max: int) -> OllamaLimits:
         """The limits of ``options`` on ``model``: the prompt leaves room for max_tokens (or a quarter
         of the context), never more than half of it."""
+        source = model.llm.source
         ctx = ollama_context(options, model.context_tokens, DEFAULT_NUM_CTX)
-        max_tokens = ollama_max_tokens(options, default_max)
+        own_max = source.defaults.get("max_tokens")
+        max_tokens = ollama_max_tokens(options, default_max if own_max is None else int(own_max))
+        if own_max is not None and own_max < 0 and (options is None or options.num_predict is None):
+            max_tokens = None  # the manifest's num_predict -1: until the context is full
         reserve = max(1, min(max_tokens or ctx // 4, ctx // 2))
-        return cls(ctx, max_tokens, ctx - reserve)
+        return cls(ctx, max_tokens, ctx - reserve, dict(source.defaults), source.stop)
 
     def work(self, ids: list[int], options: Options | None, logprobs: int | None) -> Work:
         """One job on the (already truncated) prompt ``ids``, generating at most what the context holds."""
         room = self.context - len(ids)
         max_tokens = room if self.max_tokens is None else min(self.max_tokens, room)
-        return Work([Job(ids, ollama_params(options, max_tokens, logprobs))], len(ids))
+        params = ollama_params(options, max_tokens, logprobs, self.model_defaults, self.model_stop)
+        return Work([Job(ids, params)], len(ids))
 
 
 def _ollama_top(logprobs: bool | None, top_logprobs: int | None) -> int | None:

@@ -1,0 +1,112 @@
+"""Every GGUF tensor type a common file holds, from files llama.cpp's own quantizer wrote
+(fixtures/make_gguf.py): each tensor as gguf dequantizes it, bit for bit, and the model's logits as
+transformers computes them on the same file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from engine.config import ModelConfig
+from engine.errors import UnsupportedModelError
+from engine.kernels.quant_pack import pack_quantized, unpack_quantized
+from engine.llm_engine import LLM
+from engine.loader import load_config, load_model
+from engine.loader.gguf_file import _hf_name, _unpermute, gguf_weights, open_reader
+from engine.models.held_weights import held_weight_bytes
+from engine.quantized import QuantizedWeight, dense
+from engine.sampling_params import SamplingParams
+
+GGUF_DIR = Path(__file__).resolve().parents[2] / "fixtures" / "gguf"
+FILES = sorted(GGUF_DIR.glob("llama-*.gguf"))
+K_QUANTS = ["llama-q4_k_m.gguf", "llama-q6_k.gguf", "llama-q3_k_m.gguf", "llama-iq4_xs.gguf"]
+
+
+def test_the_fixtures_cover_every_type():
+    types = {t.tensor_type.name for f in FILES for t in open_reader(f).tensors}
+    expected = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "F32"}
+    assert expected <= types
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_every_tensor_is_gguf_s_own_dequantization(path: Path):
+    reader = open_reader(path)
+    loaded = load_model(path)
+    heads = {"q_proj": loaded.config.num_heads, "k_proj": loaded.config.num_kv_heads}
+    for tensor in reader.tensors:
+        name = _hf_name(tensor.name)
+        assert name is not None
+        shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+        expected = torch.from_numpy(
+            np.array(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+        ).reshape(shape)
+        part = name.split(".")[-2]
+        if part in heads:
+            expected = _unpermute(expected, heads[part])
+        weight = loaded.weights[name]
+        assert torch.equal(dense(weight), expected), f"{path.name}: {tensor.name}"
+        if isinstance(weight, QuantizedWeight):  # kept quantized: the kernels' tiles hold the same values
+            fmt, packed = pack_quantized(weight)
+            assert torch.equal(unpack_quantized(packed, fmt, shape[0]), expected), (
+                f"{path.name}: {tensor.name}"
+            )
+
+
+def test_a_q4_k_m_file_is_held_quantized_and_computes_with_its_dequantized_values():
+    path = GGUF_DIR / "llama-q4_k_m.gguf"
+    kept = LLM(str(path), num_kv_blocks=32)
+    dense_llm = LLM(str(path), quantize="none", num_kv_blocks=32)
+    held = {w.qtype for w in load_model(path).weights.values() if isinstance(w, QuantizedWeight)}
+    assert held == {"Q4_K", "Q6_K"}
+    assert kept.engine.snapshot().weight_bytes < dense_llm.engine.snapshot().weight_bytes / 3
+    params = SamplingParams(max_tokens=8, ignore_eos=True, logprobs=0)
+    prompts = [[5, 17, 300, 42], list(range(30, 90))]
+    ours = [(o.token_ids, o.logprobs) for o in kept.generate(prompts, params)]
+    assert ours == [(o.token_ids, o.logprobs) for o in dense_llm.generate(prompts, params)]
+
+
+@pytest.mark.parametrize("name", K_QUANTS)
+def test_logits_match_transformers_on_the_same_file(name: str):
+    transformers = pytest.importorskip("transformers")
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        str(GGUF_DIR), gguf_file=name, dtype=torch.float32
+    ).eval()
+    llm = LLM(str(GGUF_DIR / name), quantize="none", num_kv_blocks=64)
+    prompts = [[5, 17, 300, 42, 9, 11], list(range(20, 120)), [1, 2]]
+    for prompt in prompts:
+        ours = llm.generate([prompt], SamplingParams(max_tokens=6, ignore_eos=True, logprobs=0))[0]
+        ids = torch.tensor([prompt + ours.token_ids])
+        with torch.no_grad():
+            logits = reference(ids).logits[0].float()  # [T, vocab]
+        expected = torch.log_softmax(logits[len(prompt) - 1 :], -1)
+        greedy = expected[:-1].argmax(-1).tolist()
+        assert ours.token_ids == greedy
+        picked = expected[torch.arange(len(greedy)), greedy]
+        assert torch.allclose(torch.tensor(ours.logprobs), picked, atol=1e-3)
+
+
+def test_a_type_we_do_not_read_is_one_clear_error(tmp_path: Path):
+    path = tmp_path / "odd.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    raw = np.zeros((4, 292), dtype=np.uint8)  # Q8_K: 292-byte blocks of 256 (an intermediate type)
+    writer.add_tensor("token_embd.weight", raw, raw_dtype=gguf.GGMLQuantizationType.Q8_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    config = ModelConfig("llama", 1, 256, 1, 1, 256, 256, 4, 64, 10000.0, 1e-5, True)
+    with pytest.raises(UnsupportedModelError, match="unsupported GGUF tensor type Q8_K in token_embd"):
+        gguf_weights(open_reader(path), config, "odd")
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_the_footprint_from_metadata_is_what_the_engine_holds(path: Path):
+    """`nxctl model list`, mux and the seat's residency count a file's weights from its metadata alone."""
+    config = load_config(path)
+    engine = LLM(str(path), num_kv_blocks=8).engine
+    assert engine.snapshot().weight_bytes == held_weight_bytes(config, "float32", "auto")

@@ -1,0 +1,66 @@
+"""`nxctl model list|info` and `nxctl run` on models from Ollama's store and the Hugging Face cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fixtures.make_gguf import write_f32
+from nxctl.cli import app
+from tests.store_layout import cache_hf, pull_ollama
+
+runner = CliRunner()
+TINY = Path(__file__).resolve().parents[2] / "fixtures" / "tiny"
+
+
+@pytest.fixture(scope="module")
+def small_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("gguf") / "llama-f32.gguf"
+    write_f32(path)
+    return path
+
+
+@pytest.fixture()
+def stores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_gguf: Path) -> None:
+    """An Ollama store with fixture:q (a manifest asking for greedy decoding) and a hub cache with nxctl/tiny."""
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    pull_ollama(tmp_path / "ollama", "fixture:q", small_gguf, {"temperature": 0, "num_predict": 5})
+    cache_hf(tmp_path / "hub", "nxctl/tiny", sorted(p for p in TINY.iterdir() if p.is_file()))
+
+
+def test_model_list_shows_store_and_cache_models_with_their_sizes(stores, small_gguf: Path):
+    result = runner.invoke(app, ["model", "list"])
+    assert result.exit_code == 0, result.output
+    lines = {line.split()[1]: line for line in result.stdout.splitlines() if line.count("│") >= 5}
+    assert "ollama" in lines["fixture:q"] and "hf-cache" in lines["nxctl/tiny"]
+    size = f"{small_gguf.stat().st_size / 2**20:,.1f} MiB"
+    assert size in lines["fixture:q"]  # an F32 file: held as it is stored
+    assert lines["fixture:q"].count(size) == 2
+
+
+def test_model_info_of_a_store_model(stores):
+    result = runner.invoke(app, ["model", "info", "fixture:q"])
+    assert result.exit_code == 0, result.output
+    assert "ollama" in result.stdout and "256" in result.stdout
+
+
+def test_run_answers_from_both_stores(stores):
+    pulled = runner.invoke(app, ["run", "fixture:q", "Hello", "--raw"])
+    assert pulled.exit_code == 0, pulled.output
+    again = runner.invoke(app, ["run", "fixture:q", "Hello", "--raw"])
+    assert pulled.stdout == again.stdout  # the manifest's temperature 0: greedy
+    longer = runner.invoke(app, ["run", "fixture:q", "Hello", "--raw", "-n", "12"])
+    assert len(longer.stdout) > len(pulled.stdout)  # the manifest's num_predict 5, overridden
+    cached = runner.invoke(app, ["run", "nxctl/tiny", "Hello", "-n", "4"])
+    assert cached.exit_code == 0 and cached.stdout.strip(), cached.output
+
+
+@pytest.mark.parametrize("name", ["../../etc/passwd-model", "%2e%2e/fixture:q", "fixture:../../q"])
+def test_a_name_outside_the_stores_is_one_clear_line(stores, name: str):
+    result = runner.invoke(app, ["run", name, "hi"])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "unknown model" in lines[0]
