@@ -9,7 +9,8 @@ import torch
 from engine.errors import InvalidRequestError, UnsupportedModelError
 from engine.mux.registry import QUANTIZE_MODES
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+ROPE_SCALINGS = ("linear", "llama3", "divisors")
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
@@ -18,8 +19,34 @@ DTYPES: dict[str, torch.dtype] = {
 
 
 @dataclass(frozen=True)
+class RopeScaling:
+    """How a family stretches RoPE past its training context (Hugging Face's ``rope_scaling``):
+    ``linear`` divides every frequency by ``factor``; ``llama3`` divides the low frequencies by it,
+    keeps the high ones and blends those between (Llama 3.1+); ``divisors`` divides frequency i by
+    ``divisors[i]`` (how a GGUF file carries llama3's scaling: its rope_freqs tensor)."""
+
+    kind: str
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+    divisors: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in ROPE_SCALINGS:
+            raise UnsupportedModelError(
+                f"unsupported rope_scaling type {self.kind!r}; supported: {', '.join(ROPE_SCALINGS)}"
+            )
+
+
+@dataclass(frozen=True)
 class ModelConfig:
-    """The shape of a Llama-family model; invariants checked on construction."""
+    """The shape of a Llama-family model; invariants checked on construction.
+
+    One forward serves every family; what differs is data (engine/models/llama.py reads it):
+    ``attention_bias`` (Qwen2: q/k/v carry a bias), ``qk_norm`` (Qwen3: RMSNorm over each head of q
+    and k before RoPE), ``sliding_window`` (Mistral v0.1: a position sees only the last N keys),
+    ``rope_scaling`` (Llama 3.1+: llama3; linear)."""
 
     architecture: str
     num_layers: int
@@ -38,6 +65,10 @@ class ModelConfig:
     name: str = ""
     # (HF weight name, GGUF type) of each weight the file holds quantized (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)
     quantized_weights: tuple[tuple[str, str], ...] = ()
+    attention_bias: bool = False
+    qk_norm: bool = False
+    sliding_window: int = 0  # 0: none
+    rope_scaling: RopeScaling | None = None
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -64,6 +95,9 @@ class ModelConfig:
         """Parameter count (embeddings counted once when tied)."""
         h, i = self.hidden_size, self.intermediate_size
         per_layer = h * (self.q_size + 2 * self.kv_size) + self.q_size * h + 3 * h * i + 2 * h
+        per_layer += (self.q_size + 2 * self.kv_size if self.attention_bias else 0) + (
+            2 * self.head_dim if self.qk_norm else 0
+        )
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
         return self.vocab_size * h + self.num_layers * per_layer + h + head
 

@@ -131,14 +131,21 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def decoder_stack(
-    hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, eps: float, scale: float
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    intermediate: int,
+    eps: float,
+    scale: float,
+    window: int = 0,
 ) -> Any | None:
     """An empty C++ layer loop (csrc/decoder.h) on this process's compiled backend, layers added with
     ``add_layer``; None on the portable backend (the caller runs its layers one by one)."""
     module = backend().module
     if module is None:
         return None
-    return module.DecoderStack(hidden, heads, kv_heads, head_dim, intermediate, eps, scale)
+    return module.DecoderStack(hidden, heads, kv_heads, head_dim, intermediate, eps, scale, window)
 
 
 def decoder_forward(

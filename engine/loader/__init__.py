@@ -89,6 +89,13 @@ def _check_weights(
             p + "mlp.up_proj.weight": (i, h),
             p + "mlp.down_proj.weight": (h, i),
         }
+        if config.attention_bias:
+            expected |= {p + f"self_attn.{x}_proj.bias": (q if x == "q" else kv,) for x in "qkv"}
+        if config.qk_norm:
+            expected |= {
+                p + "self_attn.q_norm.weight": (config.head_dim,),
+                p + "self_attn.k_norm.weight": (config.head_dim,),
+            }
     for name, shape in expected.items():
         if name not in weights:
             raise ModelFileError(f"{src.name}: missing tensor {name}")

@@ -1,10 +1,13 @@
-"""GGUF files of the Llama architecture: metadata -> ModelConfig, tensors as the file holds them
+"""GGUF files of the Llama, Qwen2 and Qwen3 architectures: metadata -> ModelConfig, tensors as the file holds them
 (Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K kept as QuantizedWeight blocks for our kernels; every other type,
 the other K-quants and IQ4 included, dequantized by gguf one tensor at a time to float32), the tokenizer rebuilt from the
 file's vocabulary and merges, the chat template from its metadata.
 
-Trap: llama.cpp's converter permutes attn_q / attn_k rows for its RoPE layout; we undo it so the
-weights are in the Hugging Face (rotate-half) layout the forward expects.
+Trap: llama.cpp's converter permutes attn_q / attn_k rows of Llama-architecture files (Mistral's
+included) for its RoPE layout; we undo it so the weights are in the Hugging Face (rotate-half) layout
+the forward expects. Qwen files are not permuted. A family's differences come from the file: q/k/v
+bias tensors (Qwen2), attn_q_norm / attn_k_norm (Qwen3), head size from attention.key_length,
+rope_freqs (Llama 3.1's scaling, as per-frequency divisors) or rope.scaling.type linear.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import numpy as np
 import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from engine.config import ModelConfig
+from engine.config import ModelConfig, RopeScaling
 from engine.errors import ModelFileError, UnsupportedModelError
 from engine.loader.progress import track
 from engine.loader.tokenizer import ChatTokenizer
@@ -42,7 +45,15 @@ LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
 }
+ARCHITECTURES = ("llama", "qwen2", "qwen3")
+PERMUTED = ("llama",)  # architectures whose q/k rows llama.cpp's converter permutes
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 CONTROL_TOKEN = 3
 USER_DEFINED_TOKEN = 4
@@ -50,7 +61,12 @@ LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-PRE_TOKENIZER_SPLITS = {"llama3": LLAMA3_SPLIT, "llama-v3": LLAMA3_SPLIT, "llama-bpe": LLAMA3_SPLIT}
+PRE_TOKENIZER_SPLITS = {
+    "llama3": LLAMA3_SPLIT,
+    "llama-v3": LLAMA3_SPLIT,
+    "llama-bpe": LLAMA3_SPLIT,
+    "qwen2": QWEN2_SPLIT,
+}
 
 
 def open_reader(path: Path) -> gguf.GGUFReader:
@@ -83,8 +99,10 @@ def _as_float(value: object) -> float:
 
 def gguf_config(reader: gguf.GGUFReader, name: str) -> ModelConfig:
     arch = _field(reader, "general.architecture")
-    if arch != "llama":
-        raise UnsupportedModelError(f"unsupported GGUF architecture {arch!r}; supported: llama")
+    if arch not in ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"unsupported GGUF architecture {arch!r}; supported: {', '.join(ARCHITECTURES)}"
+        )
     p = f"{arch}."
     try:
         hidden = _as_int(_field(reader, p + "embedding_length"))
@@ -97,7 +115,8 @@ def gguf_config(reader: gguf.GGUFReader, name: str) -> ModelConfig:
     # GGUF: tokenizer.ggml.tokens is an array of strings
     tokens = cast("list[str]", _field(reader, "tokenizer.ggml.tokens") or [])
     vocab = _as_int(_field(reader, p + "vocab_size", len(tokens)))
-    has_output = any(t.name == "output.weight" for t in reader.tensors)
+    names = {t.name for t in reader.tensors}
+    has_output = "output.weight" in names
     quantized = tuple(
         (hf, t.tensor_type.name)
         for t in reader.tensors
@@ -105,12 +124,18 @@ def gguf_config(reader: gguf.GGUFReader, name: str) -> ModelConfig:
     )
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     return ModelConfig(
-        architecture="llama",
+        architecture=str(arch),
         num_layers=layers,
         hidden_size=hidden,
         num_heads=heads,
         num_kv_heads=kv_heads,
-        head_dim=_as_int(_field(reader, p + "rope.dimension_count", hidden // heads)),
+        head_dim=_as_int(
+            _field(
+                reader,
+                p + "attention.key_length",
+                _field(reader, p + "rope.dimension_count", hidden // heads),
+            )
+        ),
         intermediate_size=ffn,
         vocab_size=vocab,
         max_position_embeddings=_as_int(_field(reader, p + "context_length", 2048)),
@@ -122,7 +147,23 @@ def gguf_config(reader: gguf.GGUFReader, name: str) -> ModelConfig:
         eos_token_ids=() if eos is None else (_as_int(eos),),
         name=name,
         quantized_weights=quantized,
+        attention_bias="blk.0.attn_q.bias" in names,
+        qk_norm="blk.0.attn_q_norm.weight" in names,
+        sliding_window=_as_int(_field(reader, p + "attention.sliding_window", 0)),
+        rope_scaling=_rope_scaling(reader, p),
     )
+
+
+def _rope_scaling(reader: gguf.GGUFReader, p: str) -> RopeScaling | None:
+    """Llama 3.1's scaling as the file's rope_freqs divisors, or rope.scaling.type linear; None otherwise."""
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    if freqs is not None:
+        divisors = tuple(float(v) for v in np.asarray(freqs.data, dtype=np.float32).reshape(-1))
+        return RopeScaling(kind="divisors", factor=1.0, divisors=divisors)
+    kind = _field(reader, p + "rope.scaling.type")
+    if kind in (None, "none"):
+        return None
+    return RopeScaling(kind=str(kind), factor=_as_float(_field(reader, p + "rope.scaling.factor", 1.0)))
 
 
 def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -177,7 +218,9 @@ def gguf_weights(
             continue  # e.g. rope_freqs: derived from the config instead
         w = _tensor(tensor)
         heads = {"q_proj.weight": config.num_heads, "k_proj.weight": config.num_kv_heads}.get(hf[-13:])
-        if heads is not None:
+        if heads is None and config.architecture in PERMUTED and hf.endswith(("q_proj.bias", "k_proj.bias")):
+            heads = config.num_heads if hf.endswith("q_proj.bias") else config.num_kv_heads
+        if heads is not None and config.architecture in PERMUTED:
             order = _row_order(w.shape[0], heads)
             w = w.take_rows(order) if isinstance(w, QuantizedWeight) else w[order]
         weights[hf] = w

@@ -10,12 +10,24 @@ import torch
 from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer
 
-from engine.config import ModelConfig
+from engine.config import ModelConfig, RopeScaling
 from engine.errors import ModelFileError, UnsupportedModelError
 from engine.loader.progress import track
 from engine.loader.tokenizer import ChatTokenizer
 
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama"}
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+# what a family's config.json leaves implicit: (q/k/v bias unless attention_bias says, q/k norm)
+FAMILY_DEFAULTS = {
+    "llama": (False, False),
+    "mistral": (False, False),
+    "qwen2": (True, False),
+    "qwen3": (False, True),
+}
 
 
 def _read_json(path: Path) -> dict:
@@ -44,8 +56,8 @@ def folder_config(folder: Path) -> ModelConfig:
     raw = _read_json(folder / "config.json")
     archs = raw.get("architectures") or []
     arch = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
-    if arch is None and raw.get("model_type") in ("llama", "mistral"):
-        arch = "llama"
+    if arch is None and raw.get("model_type") in FAMILY_DEFAULTS:
+        arch = raw["model_type"]
     if arch is None:
         raise UnsupportedModelError(
             f"unsupported architecture {archs or raw.get('model_type')!r} in {folder}"
@@ -57,6 +69,8 @@ def folder_config(folder: Path) -> ModelConfig:
     heads = int(raw["num_attention_heads"])
     hidden = int(raw["hidden_size"])
     rope_theta = raw.get("rope_theta") or (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+    bias, qk_norm = FAMILY_DEFAULTS[arch]
+    window = raw.get("sliding_window") if raw.get("use_sliding_window", arch == "mistral") else None
     try:
         return ModelConfig(
             architecture=arch,
@@ -74,9 +88,29 @@ def folder_config(folder: Path) -> ModelConfig:
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=eos,
             name=folder.name,
+            attention_bias=bool(raw.get("attention_bias", bias)),
+            qk_norm=qk_norm,
+            sliding_window=int(window or 0),
+            rope_scaling=_rope_scaling(raw),
         )
     except KeyError as exc:
         raise ModelFileError(f"config.json in {folder} lacks {exc.args[0]!r}") from None
+
+
+def _rope_scaling(raw: dict) -> RopeScaling | None:
+    """config.json's rope_scaling (or transformers 5's rope_parameters) as a RopeScaling; None for the
+    default rotation. An unknown type raises UnsupportedModelError."""
+    spec = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
+    kind = spec.get("rope_type") or spec.get("type") or "default"
+    if kind == "default":
+        return None
+    return RopeScaling(
+        kind=kind,
+        factor=float(spec.get("factor", 1.0)),
+        low_freq_factor=float(spec.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(spec.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(spec.get("original_max_position_embeddings", 8192)),
+    )
 
 
 def folder_weights(folder: Path) -> dict[str, torch.Tensor]:

@@ -78,6 +78,11 @@ def _weight_bytes(
         total += linear([(mlp + "down_proj.weight", h)], inter)
     total += linear([(EMBEDDING if tied else "lm_head.weight", config.vocab_size)], h)
     total += (2 * config.num_layers + 1) * h * width
+    total += (
+        config.num_layers
+        * width
+        * ((q + 2 * kv if config.attention_bias else 0) + (2 * config.head_dim if config.qk_norm else 0))
+    )  # a family's q/k/v biases and per-head q/k norm weights
     embedding_kind = kind(EMBEDDING, h)
     if embedding_kind is None:
         return total, config.vocab_size * h * width

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from engine import kernels
 from engine.config import ModelConfig
+from engine.errors import UnsupportedModelError
 from engine.kv.cache import KVCache
 from engine.layers.attention import AttentionPlan, paged_attention, plan_attention
 from engine.layers.linear import LinearWeight
@@ -100,6 +101,9 @@ class PagedLlama:
             for fused, members in self.FUSED.items():
                 names = [p + m + ".weight" for m in members]
                 self._add_linear(p + fused, names, [plain.pop(n) for n in names])
+            if config.attention_bias:  # q | k | v biases, one vector like their fused weight
+                biases = [plain.pop(p + f"self_attn.{x}_proj.bias") for x in "qkv"]
+                plain[p + "self_attn.qkv.bias"] = torch.cat([dense(b) for b in biases])
             for single in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
                 self._add_linear(p + single, [p + single], [plain.pop(p + single)])
         embedding = plain.pop("model.embed_tokens.weight")
@@ -112,7 +116,11 @@ class PagedLlama:
         else:
             plain["model.embed_tokens.weight"] = embedding
         self.w: dict[str, torch.Tensor] = {k: v for k, v in plain.items() if isinstance(v, torch.Tensor)}
-        self.rope = Rope(config.head_dim, config.rope_theta, config.max_position_embeddings, device)
+        if config.sliding_window and device.type != "cpu":
+            raise UnsupportedModelError("a sliding attention window runs on the CPU kernels only")
+        self.rope = Rope(
+            config.head_dim, config.rope_theta, config.max_position_embeddings, device, config.rope_scaling
+        )
         self.scale = config.head_dim**-0.5
         # the C++ layer loop over these weights and one KV cache (built on first use; see _decoder_stack)
         self._stack: tuple[KVCache, Any] | None = None
@@ -212,7 +220,9 @@ class PagedLlama:
             c.intermediate_size,
             c.rms_norm_eps,
             self.scale,
+            c.sliding_window,
         )
+        absent = torch.empty(0)
         if stack is None:
             return None
         for layer in range(c.num_layers):
@@ -227,7 +237,8 @@ class PagedLlama:
             stack.add_layer(
                 self.w[p + "input_layernorm.weight"], qkv, qkv_format, o, o_format,
                 self.w[p + "post_attention_layernorm.weight"], gate_up, gate_up_format, down, down_format,
-                kv.keys[layer], kv.values[layer],
+                kv.keys[layer], kv.values[layer], self.w.get(p + "self_attn.qkv.bias", absent),
+                self.w.get(p + "self_attn.q_norm.weight", absent), self.w.get(p + "self_attn.k_norm.weight", absent),
             )  # fmt: skip
         self._stack = (kv, stack)
         return stack
@@ -253,7 +264,7 @@ class PagedLlama:
         outs = []
         if self.device.type == "cpu":  # our kernel: every row over its own keys, read in place, one call
             out = kernels.attention(
-                q, kv.keys[layer], kv.values[layer], tables, owners, positions, self.scale
+                q, kv.keys[layer], kv.values[layer], tables, owners, positions, self.scale, c.sliding_window
             )
             return out.view(-1, c.q_size).to(q.dtype)
         for g, plan in zip(groups, plans, strict=True):
@@ -319,8 +330,19 @@ class PagedLlama:
             p = f"model.layers.{layer}."
             h = self._norm(x, p + "input_layernorm.weight")
             qkv = self._linear(h, p + "self_attn.qkv")  # [N, q_size + 2 * kv_size]
+            if c.attention_bias:
+                qkv = qkv + self.w[p + "self_attn.qkv.bias"]
+            qk = qkv[:, :qk_end].view(n, heads_qk, c.head_dim)
+            if c.qk_norm:  # each head of q and k normalised on its own: [N, H + Hkv, d]
+                q_rows = self._norm(
+                    qk[:, : c.num_heads].reshape(-1, c.head_dim), p + "self_attn.q_norm.weight"
+                )
+                k_rows = self._norm(
+                    qk[:, c.num_heads :].reshape(-1, c.head_dim), p + "self_attn.k_norm.weight"
+                )
+                qk = torch.cat([q_rows.view(n, c.num_heads, -1), k_rows.view(n, c.num_kv_heads, -1)], dim=1)
             # q and k rotated in one elementwise pass (mul/add round alike on any layout): [N, H + Hkv, d]
-            qk = self.rope.rotate(qkv[:, :qk_end].view(n, heads_qk, c.head_dim), cos, sin)
+            qk = self.rope.rotate(qk, cos, sin)
             q, k = qk[:, : c.num_heads], qk[:, c.num_heads :]
             v = qkv[:, qk_end:].view(n, c.num_kv_heads, c.head_dim)
             kv.write(layer, kv_rows, k, v)

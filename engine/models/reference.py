@@ -1,7 +1,8 @@
 """The plain Llama-family forward over a contiguous KV cache: the yardstick the paged engine is checked against.
 
-Readable on purpose: RMSNorm, RoPE (rotate-half, the config's theta), grouped-query attention with a
-causal mask, SwiGLU, tied or untied head. No batching, no paging, no invariance tricks.
+Readable on purpose: RMSNorm, RoPE (rotate-half, the config's theta and scaling), grouped-query attention
+with a causal mask (and a sliding window where the family has one), q/k/v biases and per-head q/k norms
+where the family has them, SwiGLU, tied or untied head. No batching, no paging, no invariance tricks.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.config import ModelConfig
+from engine.config import ModelConfig, RopeScaling
+from engine.layers.rope import inverse_frequencies
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -20,9 +22,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float, scaling: RopeScaling | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables for positions: each [T, head_dim] (the half-dim frequencies repeated twice)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    inv_freq = inverse_frequencies(head_dim, theta, scaling)
     freqs = positions.float()[:, None] * inv_freq.to(positions.device)[None, :]  # [T, head_dim/2]
     emb = torch.cat([freqs, freqs], dim=-1)  # [T, head_dim]
     return emb.cos(), emb.sin()
@@ -70,15 +74,26 @@ class ReferenceLlama:
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
         x = self.w["model.embed_tokens.weight"][ids]  # [T, hidden]
         positions = torch.arange(start, start + count, device=self.device)
-        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta)
+        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, c.rope_scaling)
         group = c.num_heads // c.num_kv_heads
         mask = torch.ones(count, start + count, dtype=torch.bool, device=self.device).tril(start)
+        if c.sliding_window:  # a row sees its last ``sliding_window`` positions only
+            mask &= ~torch.ones_like(mask).tril(start - c.sliding_window)
         for n in range(c.num_layers):
             p = f"model.layers.{n}."
             h = rms_norm(x, self.w[p + "input_layernorm.weight"], c.rms_norm_eps)
-            q = F.linear(h, self.w[p + "self_attn.q_proj.weight"]).view(count, c.num_heads, c.head_dim)
-            k = F.linear(h, self.w[p + "self_attn.k_proj.weight"]).view(count, c.num_kv_heads, c.head_dim)
-            v = F.linear(h, self.w[p + "self_attn.v_proj.weight"]).view(count, c.num_kv_heads, c.head_dim)
+            q, k, v = (
+                F.linear(
+                    h, self.w[p + f"self_attn.{x}_proj.weight"], self.w.get(p + f"self_attn.{x}_proj.bias")
+                )
+                for x in "qkv"
+            )
+            q = q.view(count, c.num_heads, c.head_dim)
+            k = k.view(count, c.num_kv_heads, c.head_dim)
+            v = v.view(count, c.num_kv_heads, c.head_dim)
+            if c.qk_norm:
+                q = rms_norm(q, self.w[p + "self_attn.q_norm.weight"], c.rms_norm_eps)
+                k = rms_norm(k, self.w[p + "self_attn.k_norm.weight"], c.rms_norm_eps)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             cache.keys[n][start : start + count] = k
             cache.values[n][start : start + count] = v

@@ -109,6 +109,11 @@ def test_every_instruction_set_and_thread_count_gives_the_same_stack_bits():
          torch.rand(hidden, generator=gen) + 0.5, packed(2 * inter, hidden), packed(hidden, inter))
         for _ in range(2)
     ]  # fmt: skip
+    family_parts = (
+        torch.randn((heads + 2 * kv_heads) * d, generator=gen),  # a q/k/v bias (Qwen2)
+        torch.rand(d, generator=gen) + 0.5,  # per-head q and k norms (Qwen3)
+        torch.rand(d, generator=gen) + 0.5,
+    )
     x = torch.randn(7, hidden, generator=gen)
     positions = torch.tensor([0, 1, 2, 3, 4, 0, 5])  # a 5-token prefill, a first token, a decode
     owners = torch.tensor([0, 0, 0, 0, 0, 1, 2])
@@ -126,10 +131,13 @@ def test_every_instruction_set_and_thread_count_gives_the_same_stack_bits():
                 caches = [torch.zeros(blocks, kv_heads, block, d) for _ in range(4)]
                 for cache in caches:  # request 2's earlier keys and values, already in the pool
                     cache[3], cache[4] = 0.25, -0.5
-                stack = module.DecoderStack(hidden, heads, kv_heads, d, inter, 1e-5, d**-0.5)
+                stack = module.DecoderStack(
+                    hidden, heads, kv_heads, d, inter, 1e-5, d**-0.5, 3
+                )  # a 3-key window
                 for layer, (n1, qkv, o, n2, gate_up, down) in enumerate(weights):
                     k, v = caches[2 * layer], caches[2 * layer + 1]
-                    stack.add_layer(n1, qkv, -1, o, -1, n2, gate_up, -1, down, -1, k, v)
+                    extras = family_parts if layer == 0 else (torch.empty(0),) * 3  # bias, q norm, k norm
+                    stack.add_layer(n1, qkv, -1, o, -1, n2, gate_up, -1, down, -1, k, v, *extras)
                 out = stack.forward(isa, x, slots, angles.cos(), angles.sin(), tables, owners, positions)
                 results.append((out, *caches))
     finally:

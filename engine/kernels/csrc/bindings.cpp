@@ -176,9 +176,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &silu_mul, "silu(gate) * up per row of [gate | up]");
   m.def("attention", &attention, "causal attention over the paged cache, read in place");
   py::class_<nxk::DecoderStack>(m, "DecoderStack", "every decoder layer over a step's rows in one call (decoder.h)")
-      .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double>(), py::arg("hidden"),
+      .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, int64_t>(), py::arg("hidden"),
            py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("intermediate"), py::arg("eps"),
-           py::arg("scale"))
+           py::arg("scale"), py::arg("window") = 0)
       .def("add_layer", &nxk::DecoderStack::add_layer)
       .def("forward", &nxk::DecoderStack::forward)
       .def_property_readonly("num_layers", &nxk::DecoderStack::num_layers);

@@ -58,12 +58,13 @@ void rotate(const float* x, const float* cos, const float* sin, int64_t d, float
 }  // namespace
 
 DecoderStack::DecoderStack(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate,
-                           double eps, double scale)
+                           double eps, double scale, int64_t window)
     : hidden_(hidden),
       heads_(heads),
       kv_heads_(kv_heads),
       head_dim_(head_dim),
       intermediate_(intermediate),
+      window_(window),
       eps_(eps),
       scale_(scale) {
   TORCH_CHECK(hidden > 0 && heads > 0 && kv_heads > 0 && intermediate > 0, "stack sizes must be positive");
@@ -91,7 +92,8 @@ HeldLinear DecoderStack::held(const torch::Tensor& data, int64_t format, int64_t
 void DecoderStack::add_layer(const torch::Tensor& input_norm, const torch::Tensor& qkv, int64_t qkv_format,
                              const torch::Tensor& o, int64_t o_format, const torch::Tensor& post_norm,
                              const torch::Tensor& gate_up, int64_t gate_up_format, const torch::Tensor& down,
-                             int64_t down_format, const torch::Tensor& k_cache, const torch::Tensor& v_cache) {
+                             int64_t down_format, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                             const torch::Tensor& qkv_bias, const torch::Tensor& q_norm, const torch::Tensor& k_norm) {
   check_float(input_norm, "input norm");
   check_float(post_norm, "post-attention norm");
   TORCH_CHECK(input_norm.numel() == hidden_ && post_norm.numel() == hidden_, "norm weights must be [hidden]");
@@ -101,6 +103,16 @@ void DecoderStack::add_layer(const torch::Tensor& input_norm, const torch::Tenso
                   k_cache.size(3) == head_dim_,
               "caches must be [blocks, kv_heads, block, head_dim]");
   const int64_t q_size = heads_ * head_dim_, kv_size = kv_heads_ * head_dim_;
+  if (qkv_bias.numel() > 0) {
+    check_float(qkv_bias, "qkv bias");
+    TORCH_CHECK(qkv_bias.numel() == q_size + 2 * kv_size, "the qkv bias must be [q + 2 kv]");
+  }
+  TORCH_CHECK((q_norm.numel() > 0) == (k_norm.numel() > 0), "q and k norms come together");
+  if (q_norm.numel() > 0) {
+    check_float(q_norm, "q norm");
+    check_float(k_norm, "k norm");
+    TORCH_CHECK(q_norm.numel() == head_dim_ && k_norm.numel() == head_dim_, "q and k norms must be [head_dim]");
+  }
   layers_.push_back(DecoderLayer{
       input_norm,
       post_norm,
@@ -110,6 +122,9 @@ void DecoderStack::add_layer(const torch::Tensor& input_norm, const torch::Tenso
       held(down, down_format, hidden_, intermediate_),
       k_cache,
       v_cache,
+      qkv_bias,
+      q_norm,
+      k_norm,
   });
 }
 
@@ -141,27 +156,53 @@ torch::Tensor DecoderStack::forward(const std::string& isa, const torch::Tensor&
   tmp_.resize(rows * hidden_);
   gate_up_.resize(rows * 2 * intermediate_);
   act_.resize(rows * intermediate_);
+  heads_normed_.resize(rows * (heads_ + kv_heads_) * d);
+  heads_rms_.resize(rows * (heads_ + kv_heads_) * d);
   float* xs = out.data_ptr<float>();
   const float* cs = cos.data_ptr<float>();
   const float* sn = sin.data_ptr<float>();
   for (const DecoderLayer& layer : layers_) {
     norm(t, xs, rows, hidden_, eps_, layer.input_norm, h_.data());
     apply(t, layer.qkv, h_.data(), rows, qkv_.data());  // [N, q | k | v]
+    if (layer.qkv_bias.numel() > 0) {
+      const float* bias = layer.qkv_bias.data_ptr<float>();
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < qkv_n; ++i) qkv_[r * qkv_n + i] = qkv_[r * qkv_n + i] + bias[i];
+    }
+    // the heads of q and k as RoPE reads them: straight from qkv, or normalised head by head
+    const float* qk_src = qkv_.data();
+    int64_t qk_stride = qkv_n;
+    if (layer.q_norm.numel() > 0) {
+      const int64_t hk = heads_ + kv_heads_;
+      for (int64_t r = 0; r < rows; ++r)  // [N, H + Hkv, d] <- the q | k part of each row
+        std::memcpy(heads_normed_.data() + r * hk * d, qkv_.data() + r * qkv_n, hk * d * sizeof(float));
+      run_rms_norm(t, heads_normed_.data(), rows * hk, d, static_cast<float>(eps_), heads_rms_.data());
+      const float* wq = layer.q_norm.data_ptr<float>();
+      const float* wk = layer.k_norm.data_ptr<float>();
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t hd = 0; hd < hk; ++hd)
+          for (int64_t i = 0; i < d; ++i) {
+            const int64_t at = (r * hk + hd) * d + i;
+            heads_normed_[at] = heads_rms_[at] * (hd < heads_ ? wq[i] : wk[i]);
+          }
+      qk_src = heads_normed_.data();
+      qk_stride = hk * d;
+    }
     float* kc = layer.k_cache.data_ptr<float>();
     float* vc = layer.v_cache.data_ptr<float>();
     for (int64_t r = 0; r < rows; ++r) {
-      const float* src = qkv_.data() + r * qkv_n;
+      const float* src = qk_src + r * qk_stride;
       for (int64_t hd = 0; hd < heads_; ++hd) rotate(src + hd * d, cs + r * d, sn + r * d, d, q_.data() + (r * heads_ + hd) * d);
       const int64_t b = slot[r] / block, off = slot[r] % block;
       for (int64_t g = 0; g < kv_heads_; ++g) {
         const int64_t at = ((b * kv_heads_ + g) * block + off) * d;  // [blocks, kv_heads, block, d]
         rotate(src + q_size + g * d, cs + r * d, sn + r * d, d, kc + at);
-        std::memcpy(vc + at, src + q_size + kv_size + g * d, d * sizeof(float));
+        std::memcpy(vc + at, qkv_.data() + r * qkv_n + q_size + kv_size + g * d, d * sizeof(float));
       }
     }
     const AttentionArgs<float> args{
         q_.data(),  kc,     vc,       tables.data_ptr<int64_t>(), tables.size(1), owners.data_ptr<int64_t>(),
-        positions.data_ptr<int64_t>(), heads_, kv_heads_, d, block, static_cast<float>(scale_), 0, 0.0f,
+        positions.data_ptr<int64_t>(), heads_, kv_heads_, d, block, static_cast<float>(scale_), window_, 0.0f,
         attn_.data()};
     run_attention(t, args, rows);  // [N, heads * d]
     apply(t, layer.o, attn_.data(), rows, tmp_.data());

@@ -27,19 +27,24 @@ struct DecoderLayer {
   torch::Tensor input_norm, post_norm;  // [hidden] float32
   HeldLinear qkv, o, gate_up, down;     // [q + 2 kv, hidden], [hidden, q], [2 inter, hidden], [hidden, inter]
   torch::Tensor k_cache, v_cache;       // [blocks, kv_heads, block, head_dim] float32
+  torch::Tensor qkv_bias;               // [q + 2 kv] float32, or empty (no bias)
+  torch::Tensor q_norm, k_norm;         // [head_dim] float32 each, or empty (no per-head norm)
 };
 
 class DecoderStack {
  public:
+  // window > 0: each row sees only the last ``window`` positions (a sliding window)
   DecoderStack(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, double eps,
-               double scale);
+               double scale, int64_t window);
 
   // Appends a layer (mutates). Weights and caches are held by reference: the tensors' contents may
-  // change between steps; a replaced tensor needs a new stack.
+  // change between steps; a replaced tensor needs a new stack. An empty qkv_bias, q_norm or k_norm
+  // means the family has none (families differ by data, not by code).
   void add_layer(const torch::Tensor& input_norm, const torch::Tensor& qkv, int64_t qkv_format, const torch::Tensor& o,
                  int64_t o_format, const torch::Tensor& post_norm, const torch::Tensor& gate_up,
                  int64_t gate_up_format, const torch::Tensor& down, int64_t down_format, const torch::Tensor& k_cache,
-                 const torch::Tensor& v_cache);
+                 const torch::Tensor& v_cache, const torch::Tensor& qkv_bias, const torch::Tensor& q_norm,
+                 const torch::Tensor& k_norm);
 
   // Every layer over the step's rows: x [N, hidden] float32 (the embeddings) -> [N, hidden] float32
   // (a new tensor), writing each row's K/V at its slot. slots, positions, owners [N] long; cos, sin
@@ -53,11 +58,11 @@ class DecoderStack {
  private:
   HeldLinear held(const torch::Tensor& data, int64_t format, int64_t n, int64_t k) const;
 
-  int64_t hidden_, heads_, kv_heads_, head_dim_, intermediate_;
+  int64_t hidden_, heads_, kv_heads_, head_dim_, intermediate_, window_;
   double eps_, scale_;
   std::vector<DecoderLayer> layers_;
   // scratch for one step, reused: sized for the largest step seen so far
-  std::vector<float> h_, qkv_, q_, k_, attn_, tmp_, gate_up_, act_;
+  std::vector<float> h_, qkv_, q_, k_, attn_, tmp_, gate_up_, act_, heads_normed_, heads_rms_;
 };
 
 }  // namespace nxk
