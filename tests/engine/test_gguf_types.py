@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from engine.config import ModelConfig
-from engine.errors import UnsupportedModelError
+from engine.errors import ModelFileError, UnsupportedModelError
 from engine.kernels.quant_pack import pack_quantized, unpack_quantized
 from engine.llm_engine import LLM
 from engine.loader import load_config, load_model
@@ -110,3 +110,25 @@ def test_the_footprint_from_metadata_is_what_the_engine_holds(path: Path):
     config = load_config(path)
     engine = LLM(str(path), num_kv_blocks=8).engine
     assert engine.snapshot().weight_bytes == held_weight_bytes(config, "float32", "auto")
+
+
+@pytest.mark.parametrize("cut", [0.5, 0.99])
+def test_a_truncated_file_is_one_clear_error(tmp_path: Path, cut: float):
+    data = (GGUF_DIR / "llama-q4_k_m.gguf").read_bytes()
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(data[: int(len(data) * cut)])
+    with pytest.raises(ModelFileError, match="cut.gguf"):
+        load_model(path)
+
+
+def test_an_architecture_we_do_not_run_is_one_clear_error(tmp_path: Path):
+    path = tmp_path / "other.gguf"
+    writer = gguf.GGUFWriter(str(path), "gemma3")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UnsupportedModelError, match="unsupported GGUF architecture 'gemma3'"):
+        load_model(path)

@@ -53,6 +53,8 @@ STABLE_IDS = {
     *("invariance.kernels", "invariance.tiny_f32", "invariance.tiny_bf16", "invariance.smollm2_f32"),
     *(
         "invariance.smollm2_bf16",
+        "invariance.qwen3_f32",
+        "invariance.mistral_f32",
         "invariance.neg.batch_dependent_matmul",
         "invariance.neg.batch_dependent_norm",
     ),

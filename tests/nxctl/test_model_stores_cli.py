@@ -64,3 +64,20 @@ def test_a_name_outside_the_stores_is_one_clear_line(stores, name: str):
     assert result.exit_code != 0 and "Traceback" not in result.output
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "unknown model" in lines[0]
+
+
+def test_run_answers_on_a_qwen3_from_either_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A non-Llama family through both store layouts: the GGUF llama.cpp converted, and the folder."""
+    families = TINY.parent / "families"
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    pull_ollama(tmp_path / "ollama", "qwen3-fixture:tiny", families / "qwen3.gguf", {"temperature": 0})
+    cache_hf(
+        tmp_path / "hub", "nxctl/qwen3", sorted(p for p in (families / "qwen3").iterdir() if p.is_file())
+    )
+    pulled = runner.invoke(app, ["run", "qwen3-fixture:tiny", "Hello", "-n", "6"])
+    cached = runner.invoke(app, ["run", "nxctl/qwen3", "Hello", "-n", "6", "--temperature", "0"])
+    assert pulled.exit_code == 0 and cached.exit_code == 0, pulled.output + cached.output
+    assert pulled.stdout.strip() and cached.stdout.strip()
+    info = runner.invoke(app, ["model", "info", "qwen3-fixture:tiny"])
+    assert "qwen3" in info.stdout and "ollama" in info.stdout
