@@ -50,3 +50,13 @@ def hf_smollm2(smollm2_loaded: LoadedModel):
     )
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     return model.eval(), tokenizer
+
+
+@pytest.fixture(scope="session")
+def small_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A float32 GGUF of a small Llama (fixtures/make_gguf.py's source file), written once per session."""
+    from fixtures.make_gguf import write_f32
+
+    path = tmp_path_factory.mktemp("gguf") / "llama-f32.gguf"
+    write_f32(path)
+    return path

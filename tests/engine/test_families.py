@@ -22,6 +22,7 @@ from engine.models.held_weights import held_weight_bytes
 from engine.models.reference import ReferenceLlama
 from engine.quantized import dense
 from engine.sampling_params import SamplingParams
+from tests.engine_runs import run_to_end
 
 FAMILIES = Path(__file__).resolve().parents[2] / "fixtures" / "families"
 # prompts long enough to pass Mistral's 24-key window and Llama 3's original context of 64
@@ -52,17 +53,8 @@ def reference(family):
 def _run(
     engine: Engine, prompts: list[list[int]], together: bool = True
 ) -> list[tuple[list[int], list[float]]]:
-    groups = [prompts] if together else [[p] for p in prompts]
-    results = []
-    for group in groups:
-        ids = [engine.add_request(p, GREEDY) for p in group]
-        finals = {}
-        while engine.has_unfinished():
-            for out in engine.step():
-                if out.finished:
-                    finals[out.request_id] = out
-        results += [(finals[i].token_ids, finals[i].logprobs) for i in ids]
-    return results
+    """Each prompt's greedy tokens and logprobs, all in one batch or each alone."""
+    return run_to_end(engine, prompts, GREEDY, together)
 
 
 def _matches(reference, prompt: list[int], tokens: list[int], logprobs: list[float]) -> bool:

@@ -20,6 +20,7 @@ from engine.loader import LoadedModel
 from engine.models.held_weights import held_weight_bytes
 from engine.quantized import QuantizedWeight, quantize_q8_0
 from engine.sampling_params import SamplingParams
+from tests.engine_runs import run_to_end
 
 GREEDY = SamplingParams(max_tokens=12, ignore_eos=True, logprobs=0)
 
@@ -31,17 +32,7 @@ def _prompts(vocab: int, seed: int, lengths: tuple[int, ...]) -> list[list[int]]
 
 def _run(engine: Engine, prompts: list[list[int]], together: bool) -> list[tuple[list[int], list[float]]]:
     """Each prompt's greedy tokens and logprobs, all in one batch or each alone."""
-    groups = [prompts] if together else [[p] for p in prompts]
-    results = []
-    for group in groups:
-        ids = [engine.add_request(p, GREEDY) for p in group]
-        finals = {}
-        while engine.has_unfinished():
-            for out in engine.step():
-                if out.finished:
-                    finals[out.request_id] = out
-        results += [(finals[i].token_ids, finals[i].logprobs) for i in ids]
-    return results
+    return run_to_end(engine, prompts, GREEDY, together)
 
 
 def _as_q8_0_floats(loaded: LoadedModel) -> LoadedModel:

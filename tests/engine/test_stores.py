@@ -12,18 +12,10 @@ from engine.errors import ModelFileError, UnknownModelError, UnsafeModelNameErro
 from engine.llm_engine import LLM
 from engine.loader import hf_cache, load_model, ollama_store, resolve_model
 from engine.sampling_params import SamplingParams
-from fixtures.make_gguf import write_f32
 from tests.store_layout import cache_hf, pull_ollama
 
 TINY = Path(__file__).resolve().parents[2] / "fixtures" / "tiny"
 PARAMS = {"stop": ["<|im_start|>", "<|im_end|>"], "temperature": 0.2, "top_k": 7, "num_ctx": 4096}
-
-
-@pytest.fixture(scope="module")
-def small_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("gguf") / "llama-f32.gguf"
-    write_f32(path)
-    return path
 
 
 @pytest.fixture()

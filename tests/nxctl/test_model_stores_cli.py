@@ -7,19 +7,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from fixtures.make_gguf import write_f32
 from nxctl.cli import app
 from tests.store_layout import cache_hf, pull_ollama
 
 runner = CliRunner()
 TINY = Path(__file__).resolve().parents[2] / "fixtures" / "tiny"
-
-
-@pytest.fixture(scope="module")
-def small_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("gguf") / "llama-f32.gguf"
-    write_f32(path)
-    return path
 
 
 @pytest.fixture()
