@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from nxctl.cli import app
+from nxctl.server.uvicorn_seat import free_socket
 from tests.store_layout import cache_hf, pull_ollama
 
 runner = CliRunner()
+SERVE = "import typer; from nxctl.commands.serve import serve; typer.run(serve)"
 TINY = Path(__file__).resolve().parents[2] / "fixtures" / "tiny"
 
 
@@ -73,3 +79,39 @@ def test_run_answers_on_a_qwen3_from_either_store(tmp_path: Path, monkeypatch: p
     assert pulled.stdout.strip() and cached.stdout.strip()
     info = runner.invoke(app, ["model", "info", "qwen3-fixture:tiny"])
     assert "qwen3" in info.stdout and "ollama" in info.stdout
+
+
+def test_serve_answers_on_a_qwen3_from_either_store(tmp_path: Path):
+    """A real seat on a Qwen3 pulled into Ollama's store and one in the hub cache, asked by the official
+    ollama and openai clients under the names those stores give them."""
+    ollama_client = pytest.importorskip("ollama")
+    openai = pytest.importorskip("openai")
+    families = TINY.parent / "families"
+    pull_ollama(tmp_path / "ollama", "qwen3-fixture:tiny", families / "qwen3.gguf", {"temperature": 0})
+    cache_hf(
+        tmp_path / "hub", "nxctl/qwen3", sorted(p for p in (families / "qwen3").iterdir() if p.is_file())
+    )
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    env = {**os.environ, "OLLAMA_MODELS": str(tmp_path / "ollama"), "HF_HUB_CACHE": str(tmp_path / "hub")}
+    args = ["--model", "qwen3-fixture:tiny", "--model", "nxctl/qwen3", "--port", str(port)]
+    args += ["--dlq", str(tmp_path / "dlq.sqlite"), "--num-kv-blocks", "64"]
+    proc = subprocess.Popen([sys.executable, "-c", SERVE, *args], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        ready = "".join(proc.stdout.readline() for _ in range(3))
+        assert f"ready at http://127.0.0.1:{port}" in ready, ready
+        url = f"http://127.0.0.1:{port}"
+        chat = ollama_client.Client(host=url).chat(
+            model="qwen3-fixture:tiny",
+            messages=[{"role": "user", "content": "Hello"}],
+            options={"num_predict": 5},
+        )
+        assert chat.message.content and chat.done
+        completion = openai.OpenAI(base_url=url + "/v1", api_key="none").chat.completions.create(
+            model="nxctl/qwen3", messages=[{"role": "user", "content": "Hello"}], max_tokens=5
+        )
+        assert completion.choices[0].message.content and completion.usage.completion_tokens <= 5
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
