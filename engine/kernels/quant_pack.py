@@ -137,11 +137,10 @@ def _tile_parts(tiles: torch.Tensor, fmt: int) -> tuple[torch.Tensor, torch.Tens
         d, second = wide[..., :PANEL].unsqueeze(-2), wide[..., PANEL:].unsqueeze(-2)
         body = tiles[..., 2 * WIDE_SCALE_BYTES :]
     else:
-        d = tiles[..., :SCALE_BYTES].contiguous().view(torch.float16).float().unsqueeze(-2)
-        second = (
-            tiles[..., SCALE_BYTES : 2 * SCALE_BYTES].contiguous().view(torch.float16).float().unsqueeze(-2)
-        )
-        body = tiles[..., (SCALE_BYTES if fmt == Q8 else 2 * SCALE_BYTES) :]
+        scale_bytes = 2 * SCALE_BYTES if fmt == Q4 else SCALE_BYTES  # Q4: d then m; Q8: d only
+        halves = tiles[..., :scale_bytes].contiguous().view(torch.float16).float()  # [..., nb, 16 or 32]
+        d, second = halves[..., :PANEL].unsqueeze(-2), halves[..., PANEL:].unsqueeze(-2)
+        body = tiles[..., scale_bytes:]
     if fmt in (Q8, Q8S):
         q = body.contiguous().view(torch.int8).reshape(*lead, BLOCK, PANEL).float()
         half = BLOCK // 2

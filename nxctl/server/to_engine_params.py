@@ -156,11 +156,15 @@ def ollama_context(options: Options | None, model_context: int, default_ctx: int
     return min(asked, model_context)
 
 
-def ollama_max_tokens(options: Options | None, default_max: int) -> int | None:
-    """num_predict: absent -> the seat's default; -1 / -2 -> None (until the context is full)."""
-    if options is None or options.num_predict is None:
+def ollama_max_tokens(
+    options: Options | None, default_max: int, model_default: float | None = None
+) -> int | None:
+    """num_predict (the request's, else the model manifest's): absent -> the seat's default;
+    -1 / -2 -> None (until the context is full)."""
+    asked = options.num_predict if options is not None and options.num_predict is not None else model_default
+    if asked is None:
         return default_max
-    return None if options.num_predict < 0 else options.num_predict
+    return None if asked < 0 else int(asked)
 
 
 def ollama_params(
@@ -215,10 +219,7 @@ class OllamaLimits:
         of the context), never more than half of it."""
         source = model.llm.source
         ctx = ollama_context(options, model.context_tokens, DEFAULT_NUM_CTX)
-        own_max = source.defaults.get("max_tokens")
-        max_tokens = ollama_max_tokens(options, default_max if own_max is None else int(own_max))
-        if own_max is not None and own_max < 0 and (options is None or options.num_predict is None):
-            max_tokens = None  # the manifest's num_predict -1: until the context is full
+        max_tokens = ollama_max_tokens(options, default_max, source.defaults.get("max_tokens"))
         reserve = max(1, min(max_tokens or ctx // 4, ctx // 2))
         return cls(ctx, max_tokens, ctx - reserve, dict(source.defaults), source.stop)
 

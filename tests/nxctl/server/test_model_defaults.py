@@ -4,7 +4,7 @@ they replace Ollama's defaults, and a request's own options replace them (as in 
 from __future__ import annotations
 
 from nxctl.server.schemas_ollama import OLLAMA_DEFAULTS, Options
-from nxctl.server.to_engine_params import ollama_params
+from nxctl.server.to_engine_params import ollama_max_tokens, ollama_params
 
 MANIFEST = {"temperature": 0.2, "top_k": 7, "repetition_penalty": 1.3, "seed": 11}
 
@@ -31,3 +31,11 @@ def test_a_request_s_options_replace_the_manifest():
     params = ollama_params(options, 16, model_defaults=MANIFEST, model_stop=("<|im_end|>",))
     assert (params.temperature, params.top_k, params.seed, params.stop) == (0.9, 3, 5, ("END",))
     assert params.repetition_penalty == 1.3
+
+
+def test_num_predict_comes_from_the_request_else_the_manifest_else_the_seat():
+    assert ollama_max_tokens(None, 64) == 64
+    assert ollama_max_tokens(None, 64, model_default=12) == 12
+    assert ollama_max_tokens(None, 64, model_default=-1) is None  # until the context is full
+    assert ollama_max_tokens(Options(num_predict=5), 64, model_default=-1) == 5
+    assert ollama_max_tokens(Options(num_predict=-2), 64, model_default=12) is None
