@@ -8,6 +8,7 @@ import random
 import time
 import uuid
 from collections.abc import Sequence as Seq
+from concurrent.futures import Future
 from types import MappingProxyType
 from typing import Any, cast
 
@@ -28,6 +29,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import Sequence, Status
 from engine.snapshot import EngineCounters, EngineSnapshot, RequestView
+from engine.structured import GrammarCompiler, GrammarMatcher, MaskWorker
 
 
 def rows_of(sampled: list[tuple[Sequence, int]]) -> list[int]:
@@ -72,6 +74,8 @@ class Engine:
         self._arrivals = itertools.count()
         self._stats = EngineCounters()  # this engine's own, mutated each step; callers get copies
         self.stop_token_ids = frozenset(loaded.tokenizer.stop_token_ids)
+        self.grammars = GrammarCompiler(loaded.tokenizer, loaded.config.vocab_size)
+        self._masks = MaskWorker()
 
     @property
     def capacity_tokens(self) -> int:
@@ -97,6 +101,9 @@ class Engine:
             raise InvalidRequestError(
                 f"the prompt has {len(ids)} tokens; this model's context is {context} tokens"
             )
+        if any(t >= self.model_config.vocab_size for t, _ in params.logit_bias):
+            raise InvalidRequestError(f"logit_bias token ids must be in [0, {self.model_config.vocab_size})")
+        matcher = self.grammars.matcher(params.grammar) if params.grammar is not None else None
         total = min(len(ids) + params.max_tokens, context)
         if total > self.capacity_tokens:
             raise CapacityError(
@@ -118,6 +125,7 @@ class Engine:
             arrival_seq=next(self._arrivals),
             priority=priority,
             tenant=tenant or "default",
+            matcher=matcher,
         )
         self._requests[request_id] = seq
         self._scheduler.add(seq)
@@ -186,11 +194,19 @@ class Engine:
         if not out.scheduled:
             return []
         self._count(out)
+        # the grammar masks of the requests about to sample are filled while the forward runs
+        constrained = self._constrained_samplers(out)
+        pending = self._masks.start([matcher for _, matcher in constrained])
         logits, rows = self._runner.run(out)
+        masks = self._collect_masks([seq for seq, _ in constrained], pending)
         now = time.perf_counter()
         sampled = [(item.seq, row) for item, row in zip(out.scheduled, rows, strict=True) if row is not None]
         picked = rows_of(sampled)  # one batched sampling call for the step's sampled rows
-        choices = dict(zip(picked, sample_batch(logits[picked], self._sample_requests(sampled)), strict=True))
+        requests = [
+            SampleRequest(s.params, s.generator, s.prompt_token_ids, s.output_token_ids, masks.get(id(s)))
+            for s, _ in sampled
+        ]
+        choices = dict(zip(picked, sample_batch(logits[picked], requests), strict=True))
         results: list[RequestOutput] = []
         for item, row in zip(out.scheduled, rows, strict=True):
             seq = item.seq
@@ -207,11 +223,29 @@ class Engine:
             results.append(self._output(seq))
         return results
 
-    @staticmethod
-    def _sample_requests(sampled: list[tuple[Sequence, int]]) -> list[SampleRequest]:
+    def _constrained_samplers(self, out: SchedulerOutput) -> list[tuple[Sequence, GrammarMatcher]]:
+        """The step's requests that have a grammar and sample a token at its end."""
+        if self._faults.grammar_mask_off:
+            return []
         return [
-            SampleRequest(s.params, s.generator, s.prompt_token_ids, s.output_token_ids) for s, _ in sampled
+            (s.seq, s.seq.matcher)
+            for s in out.scheduled
+            if s.seq.matcher is not None and s.num_new_tokens == s.seq.num_uncomputed
         ]
+
+    def _collect_masks(
+        self, seqs: list[Sequence], pending: Future[tuple[torch.Tensor, float]] | None
+    ) -> dict[int, torch.Tensor]:
+        """The masks the worker filled, by id of their request ([vocab] bool each); counted."""
+        if pending is None:
+            return {}
+        waited = time.perf_counter()
+        forbidden, seconds = pending.result()
+        st = self._stats
+        st.grammar_wait_seconds += time.perf_counter() - waited if self._masks.overlap else seconds
+        st.grammar_mask_seconds += seconds
+        st.grammar_masks += len(seqs)
+        return {id(seq): row for seq, row in zip(seqs, forbidden, strict=True)}
 
     def _count(self, out: SchedulerOutput) -> None:
         st = self._stats
@@ -241,13 +275,25 @@ class Engine:
         if seq.first_token_time is None:
             seq.first_token_time = now
         is_stop_token = choice.token_id in self.stop_token_ids and not seq.params.ignore_eos
+        grammar_done = False
         if not is_stop_token:
             seq.text += seq.detokenizer.push([choice.token_id])
+            grammar_done = self._advance_grammar(seq, choice.token_id)
         reason = self._stop_reason(seq, is_stop_token)
+        if reason is None and grammar_done:
+            reason = "stop"
         if reason is not None:
-            if reason == "length" or is_stop_token:
-                seq.text += seq.detokenizer.flush() if not is_stop_token else ""
+            if not is_stop_token and (reason == "length" or grammar_done):
+                seq.text += seq.detokenizer.flush()
             self._finish(seq, reason)
+
+    def _advance_grammar(self, seq: Sequence, token_id: int) -> bool:
+        """Feed the token to the request's grammar; True when the grammar is now complete."""
+        if seq.matcher is None or self._faults.grammar_mask_off:
+            return False
+        if not seq.matcher.advance(token_id):
+            raise RuntimeError(f"the grammar refused token {token_id}: {seq.matcher.error}")
+        return seq.matcher.finished
 
     def _stop_reason(self, seq: Sequence, is_stop_token: bool) -> FinishReason | None:
         if is_stop_token:

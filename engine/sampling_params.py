@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.errors import InvalidRequestError
+from engine.structured.grammar import Grammar
 
 GREEDY_BELOW = 1e-5
 
@@ -12,6 +13,11 @@ GREEDY_BELOW = 1e-5
 @dataclass(frozen=True)
 class SamplingParams:
     """temperature 0 (or under GREEDY_BELOW) = greedy. ``seed`` fixes the request's own random stream (never its neighbours').
+
+    ``grammar`` constrains the output (engine/structured): a token the grammar does not allow next
+    is never chosen, and a complete grammar ends the request. ``logit_bias`` (token id, bias in
+    [-100, 100]) pairs are added to the logits before choosing, as OpenAI does. Neither changes the
+    reported logprobs: those stay the model's own distribution (as vLLM reports them by default).
 
     Penalties follow OpenAI (presence, frequency: additive on generated tokens) and the CTRL/Ollama
     repetition penalty (multiplicative on prompt and generated tokens); 1.0 / 0.0 disable them.
@@ -29,8 +35,12 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: int | None = None
+    grammar: Grammar | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
+        if isinstance(self.logit_bias, dict):
+            object.__setattr__(self, "logit_bias", tuple(sorted(self.logit_bias.items())))
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         elif not isinstance(self.stop, tuple):
@@ -56,12 +66,24 @@ class SamplingParams:
             raise InvalidRequestError(f"seed must be an integer, got {self.seed!r}")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise InvalidRequestError(f"logprobs must be in [0, 20], got {self.logprobs!r}")
+        if self.grammar is not None and not isinstance(self.grammar, Grammar):
+            raise InvalidRequestError(f"grammar must be a Grammar, got {type(self.grammar).__name__}")
+        for token, bias in self.logit_bias:
+            if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+                raise InvalidRequestError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+            if not -100 <= bias <= 100:
+                raise InvalidRequestError(f"logit_bias values must be in [-100, 100], got {bias!r}")
 
     @property
     def greedy(self) -> bool:
         """Temperatures under GREEDY_BELOW pick the argmax (as vLLM does): dividing logits by them
         overflows float32, and such a distribution is the argmax anyway."""
         return self.temperature < GREEDY_BELOW
+
+    @property
+    def shapes_logits(self) -> bool:
+        """Penalties or a logit bias change the logits before choosing (the plain argmax no longer holds)."""
+        return self.has_penalties or bool(self.logit_bias)
 
     @property
     def has_penalties(self) -> bool:

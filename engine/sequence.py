@@ -10,6 +10,7 @@ import torch
 from engine.loader.tokenizer import IncrementalDetokenizer
 from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
+from engine.structured.matcher import GrammarMatcher
 
 
 class Status(enum.Enum):
@@ -53,6 +54,7 @@ class Sequence:
     first_token_time: float | None = None
     finish_time: float | None = None
     token_times: list[float] = field(default_factory=list)
+    matcher: GrammarMatcher | None = None  # its grammar's state, when it has one
 
     def __post_init__(self) -> None:
         assert self.prompt_token_ids, "a request needs at least one prompt token"

@@ -53,6 +53,9 @@ class EngineCounters:
     joins_mid_flight: int = 0  # requests admitted while others were already running
     chunked_prompts: int = 0  # requests whose prompt took more than one step
     preemptions: int = 0  # requests preempted by recompute (each time)
+    grammar_masks: int = 0  # grammar masks filled (one per constrained request per sampled token)
+    grammar_mask_seconds: float = 0.0  # time spent filling them, on the mask thread
+    grammar_wait_seconds: float = 0.0  # of which the step waited for, after its forward (not hidden)
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,11 @@ def ran_decoder_stack(engine: Engine) -> bool:
     return engine._model.last_forward_fused
 
 
+def grammar_mask_off(engine: Engine) -> AbstractContextManager[None]:
+    """Constrained requests sample as if they had no grammar (the structured gate's negative control)."""
+    return _fault_switched_on(engine, "grammar_mask_off")
+
+
 @contextmanager
 def fail_requests(engine: Engine, *request_ids: str) -> Iterator[None]:
     """While active, the named requests raise inside the step when they sample (others go on)."""

@@ -15,6 +15,7 @@ GATE_MODULES: tuple[str, ...] = (
     "sched_gate",
     "invariance_gate",
     "share_gate",
+    "structured_gate",
     "mux_gate",
     "serve_gate",
     "census_gate",

@@ -90,7 +90,7 @@ BAD_REQUESTS: tuple[tuple[str, str | bytes], ...] = (
     ("/v1/completions", json.dumps({"model": MODEL, "prompt": ""})),
     (
         "/api/chat",
-        json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "format": "json"}),
+        json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "format": "yaml"}),
     ),
     (
         "/api/chat",

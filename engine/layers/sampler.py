@@ -10,6 +10,7 @@ row's result is the one it gets alone), then per request only what its parameter
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -45,6 +46,21 @@ def apply_penalties(
     return logits
 
 
+def apply_bias_and_mask(
+    logits: torch.Tensor, params: SamplingParams, forbidden: torch.Tensor | None
+) -> torch.Tensor:
+    """The request's logit bias added, then every token its grammar forbids at -inf.
+    logits: [vocab] float32; forbidden: [vocab] bool (True = not allowed next) or None -> [vocab]."""
+    if params.logit_bias:
+        logits = logits.clone()
+        ids = torch.tensor([t for t, _ in params.logit_bias if t < logits.shape[0]], dtype=torch.long)
+        bias = torch.tensor([b for t, b in params.logit_bias if t < logits.shape[0]], dtype=logits.dtype)
+        logits[ids] += bias
+    if forbidden is not None:
+        logits = logits.masked_fill(forbidden, float("-inf"))
+    return logits
+
+
 def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Probabilities after temperature, top-k, top-p and min-p: [vocab] float32.
 
@@ -76,6 +92,7 @@ class SampleRequest:
     generator: torch.Generator
     prompt: list[int]
     output: list[int]
+    forbidden: torch.Tensor | None = None  # [vocab] bool: the tokens its grammar forbids next (None: none)
 
 
 def sample_batch(logits: torch.Tensor, requests: list[SampleRequest]) -> list[Sample | Exception]:
@@ -85,9 +102,10 @@ def sample_batch(logits: torch.Tensor, requests: list[SampleRequest]) -> list[Sa
         return []
     logprobs = kernels.softmax(logits, log=True)  # [S, vocab], row by row
     argmax = torch.argmax(logits, dim=-1).tolist()  # [S]: exact, the first maximum of each row
+    _masked_argmax(logits, requests, argmax)
     results: list[Sample | Exception] = []
     for row, request in enumerate(requests):
-        plain_greedy = request.params.greedy and not request.params.has_penalties
+        plain_greedy = request.params.greedy and not request.params.shapes_logits
         try:
             results.append(
                 sample(
@@ -98,11 +116,28 @@ def sample_batch(logits: torch.Tensor, requests: list[SampleRequest]) -> list[Sa
                     request.output,
                     logprobs=logprobs[row],
                     greedy_token=argmax[row] if plain_greedy else None,
+                    forbidden=request.forbidden,
                 )
             )
         except Exception as exc:  # noqa: BLE001 - one request's failure must not take down the batch
             results.append(exc)
     return results
+
+
+def _masked_argmax(logits: torch.Tensor, requests: list[SampleRequest], argmax: list[int]) -> None:
+    """For greedy rows that only a grammar mask reshapes, their argmax among the allowed tokens, in
+    one call for all of them (written into ``argmax``; an argmax is exact, row by row)."""
+    rows = [
+        i
+        for i, r in enumerate(requests)
+        if r.forbidden is not None and r.params.greedy and not r.params.shapes_logits
+    ]
+    if not rows:
+        return
+    forbidden = torch.stack([cast("torch.Tensor", requests[i].forbidden) for i in rows])  # [G, vocab] bool
+    masked = logits[rows].masked_fill_(forbidden, float("-inf"))  # [G, vocab], a copy of the rows
+    for i, token in zip(rows, torch.argmax(masked, dim=-1).tolist(), strict=True):
+        argmax[i] = token
 
 
 def sample(
@@ -113,13 +148,15 @@ def sample(
     output: list[int],
     logprobs: torch.Tensor | None = None,
     greedy_token: int | None = None,
+    forbidden: torch.Tensor | None = None,
 ) -> Sample:
-    """Choose the next token from one request's logits row [vocab] (float32). ``logprobs`` (its
-    log-softmax) and ``greedy_token`` (its argmax, for a greedy request without penalties) may come
-    precomputed from ``sample_batch``."""
+    """Choose the next token from one request's logits row [vocab] (float32), never one that
+    ``forbidden`` [vocab] bool marks. ``logprobs`` (its log-softmax) and ``greedy_token`` (its argmax, for
+    a greedy request that nothing reshapes) may come precomputed from ``sample_batch``. The logprobs
+    reported are the model's own (before penalties, bias and mask)."""
     if logprobs is None:
         logprobs = kernels.softmax(logits, log=True)
-    processed = apply_penalties(logits, params, prompt, output)
+    processed = apply_bias_and_mask(apply_penalties(logits, params, prompt, output), params, forbidden)
     if params.greedy:
         token = greedy_token if greedy_token is not None else int(torch.argmax(processed))
     else:

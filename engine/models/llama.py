@@ -56,6 +56,7 @@ class Faults:
     batch_dependent_matmul: bool = False
     batch_dependent_norm: bool = False
     fail_requests: set[str] = field(default_factory=set)
+    grammar_mask_off: bool = False  # constrained requests sample as if they had no grammar
 
 
 class PagedLlama:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -14,6 +16,7 @@ from engine.errors import NxError
 from engine.llm_engine import LLM
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.structured import Grammar
 from nxctl.commands.common import QUANTIZE_HELP, fail
 
 
@@ -45,6 +48,20 @@ def stream_turn(
 RUN_DEFAULTS: dict[str, Any] = {"max_tokens": 256, "temperature": 0.0, "top_k": 0, "top_p": 1.0}
 
 
+def grammar_option(json_schema: Path | None, regex: str | None, json_object: bool) -> Grammar | None:
+    """The one output constraint asked for on the command line (a NxError when more than one is)."""
+    if sum((json_schema is not None, regex is not None, json_object)) > 1:
+        raise NxError("give at most one of --json-schema, --regex and --json")
+    if json_schema is not None:
+        try:
+            return Grammar.json_schema(json.loads(json_schema.read_text()))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise NxError(f"cannot read the JSON schema {json_schema.name}: {exc}") from exc
+    if regex is not None:
+        return Grammar.regex(regex)
+    return Grammar.json_object() if json_object else None
+
+
 def run(
     model: Annotated[
         str, typer.Argument(help="A named model (smollm2, tiny), a model folder or a .gguf file.")
@@ -64,6 +81,14 @@ def run(
     seed: Annotated[int | None, typer.Option(help="Seed of this request's random stream.")] = None,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
     quantize: Annotated[str, typer.Option("--quantize", help=QUANTIZE_HELP)] = "auto",
+    json_schema: Annotated[
+        Path | None,
+        typer.Option("--json-schema", help="A JSON Schema file the answer must validate against."),
+    ] = None,
+    regex: Annotated[
+        str | None, typer.Option("--regex", help="A regular expression the answer must match.")
+    ] = None,
+    json_object: Annotated[bool, typer.Option("--json", help="The answer is a JSON object.")] = False,
 ) -> None:
     """One chat turn with a model, printed as it is generated. A model Ollama pulled brings its
     manifest's stop words and parameters, which options given here override."""
@@ -82,8 +107,13 @@ def run(
     }
     chosen: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
     try:
+        grammar = grammar_option(json_schema, regex, json_object)
+        if grammar is not None:
+            chosen["grammar"] = grammar
         dataclasses.replace(SamplingParams(), **{**RUN_DEFAULTS, **chosen})  # bad values fail before loading
         llm = LLM(model, dtype=dtype, quantize=quantize)
+        if grammar is not None:
+            llm.engine.grammars.compile(grammar)  # a grammar that does not compile: one line, no output
         settings: dict[str, Any] = {**RUN_DEFAULTS, **llm.source.defaults, **chosen}
         params = dataclasses.replace(SamplingParams(), **settings, stop=llm.source.stop)
         stream_turn(llm, prompt, params, raw)

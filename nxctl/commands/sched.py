@@ -160,6 +160,38 @@ def bench(
         out.print(f"wrote {json_path}", highlight=False)
 
 
+@app.command("structured")
+def structured(
+    model: Annotated[str, typer.Option(help="Model to measure.")] = "smollm2",
+    num_requests: Annotated[int, typer.Option("--num-requests", help="Requests per phase.")] = 16,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Most tokens per request.")] = 160,
+    repeats: Annotated[int, typer.Option(help="Times each phase runs (medians compared).")] = 3,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Also write the result as JSON here.")
+    ] = None,
+) -> None:
+    """The cost of grammar constraints: output tok/s of JSON-schema requests against the same requests
+    free (each generating as many tokens as its constrained twin), in one run."""
+    from nxctl.bench.structured_cost import as_json, measure
+
+    try:
+        if num_requests < 1 or max_tokens < 1 or repeats < 1:
+            raise InvalidRequestError("--num-requests, --max-tokens and --repeats must be >= 1")
+        result = measure(model, num_requests, max_tokens, repeats)
+    except NxError as exc:
+        fail(str(exc))
+    typer.echo(
+        f"{result.requests} requests, {result.output_tokens} output tokens per phase, {result.repeats} repeats\n"
+        f"free         {result.free_tok_s:8.1f} out tok/s\n"
+        f"json_schema  {result.json_schema_tok_s:8.1f} out tok/s  ({result.ratio:.3f}x, cost {result.cost_pct:.1f}%)\n"
+        f"valid {result.valid}/{result.requests}; mask {result.mask_us_mean:.0f} us each, "
+        f"{result.mask_hidden_pct:.0f}% hidden behind the forward"
+    )
+    if json_path is not None:
+        json_path.write_text(as_json(result) + "\n")
+        typer.echo(f"wrote {json_path}")
+
+
 @app.command("prefix-chat")
 def prefix_chat(
     model: Annotated[str, typer.Option(help="Model to measure.")] = "smollm2",

@@ -20,7 +20,6 @@ OLLAMA_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "repeat_penalt
 _NEUTRAL_OPTIONS: dict[str, Any] = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0}
 _UNSUPPORTED: dict[str, tuple[str, Any]] = {
     "tools": ("tool calling", lambda v: v in (None, [])),
-    "format": ("structured output (format)", lambda v: v in (None, "")),
     "images": ("images", lambda v: v in (None, [])),
     "suffix": ("insertion (suffix)", lambda v: v in (None, "")),
     "template": ("custom templates", lambda v: v in (None, "")),
@@ -93,6 +92,7 @@ class Message(Strict):
 
 class ChatRequest(_Request):
     messages: list[Message] | None = None
+    format: str | dict[str, Any] | None = None  # "json" or a JSON schema
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
 
@@ -108,6 +108,7 @@ class GenerateRequest(_Request):
     system: str | None = None
     raw: bool | None = None
     context: list[int] | None = None
+    format: str | dict[str, Any] | None = None  # "json" or a JSON schema
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
 

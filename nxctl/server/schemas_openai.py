@@ -1,7 +1,7 @@
 """Request schemas of the OpenAI API (strict types; unknown and unsupported fields are named in a 400).
 
 Accepted beyond OpenAI's own fields, as vLLM accepts them: ``top_k``, ``min_p``, ``repetition_penalty``,
-``ignore_eos``. A field we do not support is accepted only at the value that means "not used"
+``ignore_eos``, ``structured_outputs``. A field we do not support is accepted only at the value that means "not used"
 (``response_format: {"type": "text"}``, ``tools: []``, ``logit_bias: {}``, ``echo: false``...).
 """
 
@@ -20,8 +20,6 @@ _UNSUPPORTED: dict[str, tuple[str, Any]] = {
     "functions": ("function calling", lambda v: v in (None, [])),
     "function_call": ("function calling", lambda v: v in (None, "none")),
     "parallel_tool_calls": ("function calling", lambda v: v is None),
-    "response_format": ("structured output", lambda v: v is None or v == {"type": "text"}),
-    "logit_bias": ("logit bias", lambda v: v in (None, {})),
     "audio": ("audio output", lambda v: v is None),
     "modalities": ("output modalities", lambda v: v in (None, ["text"])),
     "prediction": ("predicted outputs", lambda v: v is None),
@@ -97,6 +95,9 @@ class SamplingFields(Strict):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0)
     ignore_eos: bool | None = None
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    logit_bias: dict[str, float] | None = None
     user: str | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None

@@ -21,6 +21,7 @@ from typing import cast
 from engine.errors import InvalidRequestError
 from engine.loader.ollama_store import PARAMETER_NAMES
 from engine.sampling_params import SamplingParams
+from engine.structured import Grammar
 from nxctl.server.api_errors import bad_request
 from nxctl.server.host import SeatModel
 from nxctl.server.schemas_ollama import OLLAMA_DEFAULTS, ChatRequest, EmbedRequest, GenerateRequest, Options
@@ -31,6 +32,13 @@ from nxctl.server.schemas_openai import (
     SamplingFields,
 )
 from nxctl.server.settings import DEFAULT_NUM_CTX
+from nxctl.server.structured_fields import (
+    checked,
+    logit_bias_pairs,
+    ollama_format_grammar,
+    response_format_grammar,
+    structured_outputs_grammar,
+)
 from nxctl.server.tokens import chat_prompt_ids, fit_messages
 
 
@@ -78,8 +86,25 @@ async def _item_ids(model: SeatModel, item: str | list[int], what: str, param: s
 
 
 # ---- OpenAI --------------------------------------------------------------------------------------
+async def openai_grammar(req: SamplingFields, model: SeatModel) -> Grammar | None:
+    """The request's ``response_format`` or ``structured_outputs`` (not both), compiled for ``model``."""
+    from_format = response_format_grammar(req.response_format)
+    from_vllm = structured_outputs_grammar(req.structured_outputs)
+    if from_format is not None and from_vllm is not None:
+        raise bad_request("give response_format or structured_outputs, not both", param="structured_outputs")
+    if from_vllm is not None:
+        return await checked(from_vllm, model, "structured_outputs")
+    return await checked(from_format, model, "response_format")
+
+
 def openai_params(
-    req: SamplingFields, prompt_len: int, context: int, default_max: int, logprobs: int | None
+    req: SamplingFields,
+    prompt_len: int,
+    context: int,
+    default_max: int,
+    logprobs: int | None,
+    grammar: Grammar | None = None,
+    vocab_size: int = 0,
 ) -> list[SamplingParams]:
     """One SamplingParams per choice (``n``), OpenAI's defaults filled in; 400 on anything invalid."""
     check_prompt(prompt_len, context)
@@ -91,6 +116,7 @@ def openai_params(
             f"together more than this model's context of {context} tokens",
             param="max_tokens",
         )
+    bias = logit_bias_pairs(req.logit_bias, vocab_size)
     try:
         return [
             SamplingParams(
@@ -106,6 +132,8 @@ def openai_params(
                 presence_penalty=req.presence_penalty or 0.0,
                 frequency_penalty=req.frequency_penalty or 0.0,
                 logprobs=logprobs,
+                grammar=grammar,
+                logit_bias=bias,
             )
             for i in range(req.n or 1)
         ]
@@ -123,7 +151,9 @@ async def chat_work(req: ChatCompletionRequest, model: SeatModel, default_max: i
     except InvalidRequestError as exc:
         raise bad_request(str(exc), param="messages") from exc
     top = (req.top_logprobs or 0) if req.logprobs else None
-    params = openai_params(req, len(ids), model.context_tokens, default_max, top)
+    grammar = await openai_grammar(req, model)
+    vocab = model.llm.model_config.vocab_size
+    params = openai_params(req, len(ids), model.context_tokens, default_max, top, grammar, vocab)
     return Work([Job(ids, p) for p in params], len(ids))
 
 
@@ -131,10 +161,12 @@ async def completion_work(req: CompletionRequest, model: SeatModel, default_max:
     """/v1/completions: ``n`` jobs per prompt (a text or token ids), in prompt order."""
     jobs: list[Job] = []
     prompt_tokens = 0
+    grammar = await openai_grammar(req, model)
+    vocab = model.llm.model_config.vocab_size
     for prompt in req.prompts():
         ids = await _item_ids(model, prompt, "the prompt", "prompt")
         prompt_tokens += len(ids)
-        params = openai_params(req, len(ids), model.context_tokens, default_max, req.logprobs)
+        params = openai_params(req, len(ids), model.context_tokens, default_max, req.logprobs, grammar, vocab)
         jobs.extend(Job(ids, p) for p in params)
     return Work(jobs, prompt_tokens)
 
@@ -173,6 +205,7 @@ def ollama_params(
     logprobs: int | None = None,
     model_defaults: Mapping[str, float | int] | None = None,
     model_stop: tuple[str, ...] = (),
+    grammar: Grammar | None = None,
 ) -> SamplingParams:
     """SamplingParams from Ollama ``options``; where an option is absent, the model's own default
     (``model_defaults``, SamplingParams names, from its manifest), else Ollama's; 400 on anything invalid."""
@@ -198,6 +231,7 @@ def ollama_params(
             presence_penalty=float(pick("presence_penalty") or 0.0),  # type: ignore[arg-type]
             frequency_penalty=float(pick("frequency_penalty") or 0.0),  # type: ignore[arg-type]
             logprobs=logprobs,
+            grammar=grammar,
         )
     except InvalidRequestError as exc:
         raise bad_request(str(exc)) from exc
@@ -223,11 +257,13 @@ class OllamaLimits:
         reserve = max(1, min(max_tokens or ctx // 4, ctx // 2))
         return cls(ctx, max_tokens, ctx - reserve, dict(source.defaults), source.stop)
 
-    def work(self, ids: list[int], options: Options | None, logprobs: int | None) -> Work:
+    def work(
+        self, ids: list[int], options: Options | None, logprobs: int | None, grammar: Grammar | None = None
+    ) -> Work:
         """One job on the (already truncated) prompt ``ids``, generating at most what the context holds."""
         room = self.context - len(ids)
         max_tokens = room if self.max_tokens is None else min(self.max_tokens, room)
-        params = ollama_params(options, max_tokens, logprobs, self.model_defaults, self.model_stop)
+        params = ollama_params(options, max_tokens, logprobs, self.model_defaults, self.model_stop, grammar)
         return Work([Job(ids, params)], len(ids))
 
 
@@ -244,7 +280,8 @@ async def ollama_chat_work(req: ChatRequest, model: SeatModel, default_max: int)
         ids, _ = await asyncio.to_thread(fit_messages, model.tokenizer, messages, limits.prompt)
     except InvalidRequestError as exc:
         raise bad_request(str(exc), param="messages") from exc
-    return limits.work(ids, req.options, _ollama_top(req.logprobs, req.top_logprobs))
+    grammar = await checked(ollama_format_grammar(req.format), model, "format")
+    return limits.work(ids, req.options, _ollama_top(req.logprobs, req.top_logprobs), grammar)
 
 
 async def ollama_generate_work(req: GenerateRequest, model: SeatModel, default_max: int) -> Work:
@@ -261,7 +298,9 @@ async def ollama_generate_work(req: GenerateRequest, model: SeatModel, default_m
         ids = await asyncio.to_thread(tok.encode_chat, turns, True)
     ids = list(req.context or []) + ids
     check_ids(ids, model.llm.model_config.vocab_size)
-    return limits.work(ids[-limits.prompt :], req.options, _ollama_top(req.logprobs, req.top_logprobs))
+    grammar = await checked(ollama_format_grammar(req.format), model, "format")
+    top = _ollama_top(req.logprobs, req.top_logprobs)
+    return limits.work(ids[-limits.prompt :], req.options, top, grammar)
 
 
 async def ollama_embed_ids(req: EmbedRequest, model: SeatModel) -> list[list[int]]:

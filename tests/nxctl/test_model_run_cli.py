@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
@@ -37,6 +41,9 @@ def test_model_info_tiny() -> None:
         (["run", "tiny", "hi", "--top-p", "1.5"], "top_p"),
         (["run", "tiny", "hi", "--top-k", "-2"], "top_k"),
         (["run", "tiny", "word " * 1100], "context"),
+        (["run", "tiny", "hi", "--regex", "[a-"], "invalid regex grammar"),
+        (["run", "tiny", "hi", "--regex", "a", "--json"], "at most one"),
+        (["run", "tiny", "hi", "--json-schema", "no-such-schema.json"], "cannot read the JSON schema"),
     ],
 )
 def test_bad_input_is_one_clear_line(args: list[str], needle: str) -> None:
@@ -70,3 +77,26 @@ def test_run_smollm2_paris() -> None:
     result = runner.invoke(app, ["run", "smollm2", "What is the capital of France?", "--max-tokens", "32"])
     assert result.exit_code == 0
     assert "Paris" in result.stdout
+
+
+def test_run_json_schema_answers_in_the_schema(tmp_path: Path) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"word": {"type": "string", "maxLength": 6}, "n": {"type": "integer", "maximum": 9}},
+        "required": ["word", "n"],
+        "additionalProperties": False,
+    }
+    (tmp_path / "schema.json").write_text(json.dumps(schema))
+    result = runner.invoke(
+        app, ["run", "tiny", "Hello", "--json-schema", str(tmp_path / "schema.json"), "--seed", "3"]
+    )
+    assert result.exit_code == 0, result.output
+    answer = json.loads(result.stdout)
+    assert set(answer) == {"word", "n"} and len(answer["word"]) <= 6 and answer["n"] <= 9
+
+
+def test_run_regex_answers_in_the_pattern() -> None:
+    result = runner.invoke(
+        app, ["run", "tiny", "Hello", "--regex", "[0-9]{3}-[a-z]{2}", "--temperature", "1"]
+    )
+    assert result.exit_code == 0 and re.fullmatch(r"[0-9]{3}-[a-z]{2}\n", result.stdout)

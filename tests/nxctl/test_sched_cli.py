@@ -171,3 +171,26 @@ def test_compare_dtype_reports_the_ratio_and_agreement(tmp_path: Path) -> None:
     assert 0 <= figures["agreement.greedy_agreement"] <= 1
     assert 0 <= figures["agreement.teacher_forced_top1_agreement"] <= 1
     assert figures["machine.peak_gflops.bfloat16"] > 0 and "cb_invariant_f32.output_throughput" in figures
+
+
+def test_sched_structured_reports_the_cost_of_constraints(tmp_path) -> None:
+    out = tmp_path / "structured.json"
+    args = [
+        "sched",
+        "structured",
+        "--model",
+        "tiny",
+        "--num-requests",
+        "3",
+        "--repeats",
+        "1",
+        "--json",
+        str(out),
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    figures = json.loads(out.read_text())
+    assert figures["requests"] == 3 and figures["valid"] == 3
+    assert figures["free_tok_s"] > 0 and figures["json_schema_tok_s"] > 0
+    assert abs(figures["ratio"] - figures["json_schema_tok_s"] / figures["free_tok_s"]) < 1e-3
+    assert "json_schema" in result.stdout and "cost" in result.stdout

@@ -48,7 +48,7 @@ CASES = [
     ),
     (
         "/v1/chat/completions",
-        {"model": "tiny", "messages": USER, "response_format": {"type": "json_object"}},
+        {"model": "tiny", "messages": USER, "response_format": {"type": "xml"}},
         400,
         "response_format",
     ),
@@ -80,7 +80,7 @@ CASES = [
     ("/v1/completions", {"model": "tiny", "prompt": [99999]}, 400, "token ids"),
     ("/v1/completions", {"model": "tiny", "prompt": "x", "echo": True}, 400, "echo"),
     ("/v1/embeddings", {"model": "tiny", "input": ""}, 400, "input"),
-    ("/api/chat", {"model": "tiny", "messages": USER, "format": "json"}, 400, "format"),
+    ("/api/chat", {"model": "tiny", "messages": USER, "format": "yaml"}, 400, "format"),
     ("/api/chat", {"model": "tiny", "messages": USER, "tools": [{"type": "function"}]}, 400, "tools"),
     ("/api/chat", {"model": "tiny", "messages": USER, "options": {"num_gpu": 1}}, 400, "num_gpu"),
     ("/api/chat", {"model": "tiny", "messages": USER, "options": {"temperature": -1}}, 400, "temperature"),

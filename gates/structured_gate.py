@@ -1,0 +1,162 @@
+"""Gate `structured`: grammar-constrained output is valid on every try, and constraining keeps batch
+invariance.
+
+On the random-weight `tiny` only the grammar can make output valid, so validity there is the mask's
+doing. Checks: drawn JSON-schema requests (nested objects, enums, bounded strings, integers and
+arrays, ``$ref``, ``anyOf``) all validate; drawn regex and choice requests all match; in a mixed batch
+of constrained and free requests every request keeps the bits of its solo run. Negative control: the
+same requests with the mask switched off (a documented fault hook) must be caught as invalid.
+Cases derive from the gate seed (NXCTL_GATE_SEED), as the invariance gate's do.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from engine import testing
+from engine.llm_engine import LLM, Engine
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+from engine.structured import Grammar
+from gates.framework import Gate, GateRun
+from gates.invariance_gate import gate_seed
+from gates.runs import run_solo, same
+
+MODEL = "tiny"
+EMAIL = r"[a-z]{1,10}@[a-z]{2,8}\.(com|org|net)"
+CHOICES = ["red", "green", "blue", "cyan or magenta"]
+
+
+class Item(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    sku: Annotated[str, Field(max_length=6)]
+    quantity: Annotated[int, Field(ge=1, le=99)]
+
+
+class Order(BaseModel):
+    """The gate's schema: every kind of constraint the OpenAI and Ollama clients send."""
+
+    model_config = ConfigDict(extra="forbid")
+    customer: Annotated[str, Field(max_length=16)]
+    status: Literal["new", "paid", "shipped"]
+    priority: Annotated[int, Field(ge=0, le=5)]
+    items: Annotated[list[Item], Field(max_length=3)]
+    note: Annotated[str, Field(max_length=10)] | None
+
+
+def _valid(kind: str, out: RequestOutput) -> bool:
+    """Whether the output is complete and matches its grammar."""
+    if out.finish_reason != "stop":
+        return False
+    if kind == "json":
+        try:
+            Order.model_validate_json(out.text)
+        except ValidationError:
+            return False
+        return True
+    if kind == "regex":
+        return re.fullmatch(EMAIL, out.text) is not None
+    return out.text in CHOICES
+
+
+def _draw(rng: random.Random, vocab: int, n: int) -> list[tuple[str, list[int], SamplingParams]]:
+    """``n`` requests: a grammar kind, a prompt and sampling settings (greedy or seeded sampling)."""
+    grammars = {"json": Grammar.json_schema(Order.model_json_schema()), "regex": Grammar.regex(EMAIL)}
+    grammars["choice"] = Grammar.choice(CHOICES)
+    cases = []
+    for i in range(n):
+        kind = ("json", "json", "regex", "choice")[i % 4]
+        prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(2, 40))]
+        temperature = rng.choice([0.0, 0.7, 1.0, 1.3])
+        params = SamplingParams(
+            max_tokens=320,
+            temperature=temperature,
+            seed=rng.randrange(2**31),
+            grammar=grammars[kind],
+            logprobs=0,
+        )
+        cases.append((kind, prompt, params))
+    return cases
+
+
+def _run_batch(engine: Engine, cases: Sequence[tuple[list[int], SamplingParams]]) -> list[RequestOutput]:
+    """All at once, in one continuous batch; outputs in case order."""
+    ids = [engine.add_request(prompt, params) for prompt, params in cases]
+    finals: dict[str, RequestOutput] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out
+    return [finals[i] for i in ids]
+
+
+def _invalid_count(pair: tuple[list[str], list[RequestOutput]]) -> int:
+    kinds, outs = pair
+    return sum(not _valid(kind, out) for kind, out in zip(kinds, outs, strict=True))
+
+
+def _any_invalid(pair: tuple[list[str], list[RequestOutput]]) -> bool:
+    return _invalid_count(pair) > 0
+
+
+def _body(run: GateRun) -> None:
+    seed = gate_seed()
+    rng = random.Random(f"{seed}:structured")
+    llm = LLM(MODEL, num_kv_blocks=512)
+    engine = llm.engine
+    cases = _draw(rng, llm.model_config.vocab_size, 24)
+    kinds = [kind for kind, _, _ in cases]
+    outs = _run_batch(engine, [(prompt, params) for _, prompt, params in cases])
+    bad = _invalid_count((kinds, outs))
+    run.check(
+        "structured.valid",
+        bad == 0,
+        "24/24 complete and valid",
+        f"{24 - bad}/24 valid ({kinds.count('json')} JSON schema, {kinds.count('regex')} regex, "
+        f"{kinds.count('choice')} choice)",
+        f"seed {seed}; random-weight {MODEL}, greedy and sampled, all in one batch",
+    )
+    # a mixed batch: the same constrained requests beside as many free ones, each against its solo run
+    free = [
+        (
+            prompt,
+            SamplingParams(
+                max_tokens=rng.randint(8, 48), temperature=params.temperature, seed=params.seed, logprobs=0
+            ),
+        )
+        for _, prompt, params in cases[:12]
+    ]
+    mixed = [(prompt, params) for _, prompt, params in cases[:12]] + free
+    rng.shuffle(mixed)
+    together = _run_batch(engine, mixed)
+    differ = sum(not same(run_solo(engine, p, sp), t) for (p, sp), t in zip(mixed, together, strict=True))
+    run.check(
+        "structured.invariance",
+        differ == 0,
+        "every request's tokens and logprob bits equal its solo run",
+        f"{differ}/{len(mixed)} differ",
+        f"seed {seed}; 12 constrained and 12 free requests in one batch, shuffled",
+    )
+    with testing.grammar_mask_off(engine):
+        unmasked = _run_batch(engine, [(prompt, params) for _, prompt, params in cases])
+    run.negative(
+        "structured.neg.mask_off",
+        _any_invalid,
+        broken=(kinds, unmasked),
+        honest=(kinds, outs),
+        observed=f"{_invalid_count((kinds, unmasked))}/24 invalid with the mask off",
+        detail="the same 24 requests, the grammar mask switched off",
+    )
+
+
+GATE = Gate(
+    name="structured",
+    summary="constrained output valid on every try, batch invariance kept",
+    checks=("structured.valid", "structured.invariance", "structured.neg.mask_off"),
+    body=_body,
+)
