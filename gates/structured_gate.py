@@ -3,8 +3,10 @@ invariance.
 
 On the random-weight `tiny` only the grammar can make output valid, so validity there is the mask's
 doing. Checks: drawn JSON-schema requests (nested objects, enums, bounded strings, integers and
-arrays, ``$ref``, ``anyOf``) all validate; drawn regex and choice requests all match; in a mixed batch
-of constrained and free requests every request keeps the bits of its solo run. Negative control: the
+arrays, ``$ref``, ``anyOf``) all validate; drawn regex and choice requests all match; requests that
+must call a tool (Hermes and Llama 3 formats) give calls that parse and validate against the tool's
+schema; in a mixed batch of constrained and free requests every request keeps the bits of its solo
+run. Negative control: the
 same requests with the mask switched off (a documented fault hook) must be caught as invalid.
 Cases derive from the gate seed (NXCTL_GATE_SEED), as the invariance gate's do.
 """
@@ -23,6 +25,7 @@ from engine.llm_engine import LLM, Engine
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.structured import Grammar
+from engine.structured.tools import HERMES, LLAMA3, Tool, parse_tool_calls, tool_grammar
 from gates.framework import Gate, GateRun
 from gates.invariance_gate import gate_seed
 from gates.runs import run_solo, same
@@ -104,6 +107,46 @@ def _any_invalid(pair: tuple[list[str], list[RequestOutput]]) -> bool:
     return _invalid_count(pair) > 0
 
 
+def _tool_checks(run: GateRun, engine: Engine, rng: random.Random, seed: int) -> None:
+    """Requests that must call a tool: every call parses, names a tool and validates."""
+    tools = [
+        Tool("order", "Place an order", Order.model_json_schema()),
+        Tool("item", "Add an item", Item.model_json_schema()),
+    ]
+    models: dict[str, type[BaseModel]] = {"order": Order, "item": Item}
+    cases = []
+    for i in range(12):
+        fmt = (HERMES, LLAMA3)[i % 2]
+        choice = rng.choice(["required", "order", "item"])
+        grammar = tool_grammar(tools, choice, fmt, parallel=bool(i % 3))
+        prompt = [rng.randrange(3, 500) for _ in range(rng.randint(2, 30))]
+        params = SamplingParams(
+            max_tokens=400, temperature=rng.choice([0.0, 1.0]), seed=rng.randrange(2**31), grammar=grammar
+        )
+        cases.append((fmt, choice, prompt, params))
+    outs = _run_batch(engine, [(prompt, params) for _, _, prompt, params in cases])
+    good = 0
+    for (fmt, choice, _, _), out in zip(cases, outs, strict=True):
+        _, calls = parse_tool_calls(out.text, fmt, list(models))
+        try:
+            for call in calls:
+                models[call.name].model_validate_json(call.arguments)
+        except ValidationError:
+            continue
+        good += (
+            bool(calls)
+            and out.finish_reason == "stop"
+            and (choice == "required" or {c.name for c in calls} == {choice})
+        )
+    run.check(
+        "structured.tool_calls",
+        good == len(cases),
+        f"{len(cases)}/{len(cases)} answers are calls that validate",
+        f"{good}/{len(cases)}",
+        f"seed {seed}; tool_choice required or named, Hermes and Llama 3 formats, one batch",
+    )
+
+
 def _body(run: GateRun) -> None:
     seed = gate_seed()
     rng = random.Random(f"{seed}:structured")
@@ -142,6 +185,7 @@ def _body(run: GateRun) -> None:
         f"{differ}/{len(mixed)} differ",
         f"seed {seed}; 12 constrained and 12 free requests in one batch, shuffled",
     )
+    _tool_checks(run, engine, rng, seed)
     with testing.grammar_mask_off(engine):
         unmasked = _run_batch(engine, [(prompt, params) for _, prompt, params in cases])
     run.negative(
@@ -157,6 +201,6 @@ def _body(run: GateRun) -> None:
 GATE = Gate(
     name="structured",
     summary="constrained output valid on every try, batch invariance kept",
-    checks=("structured.valid", "structured.invariance", "structured.neg.mask_off"),
+    checks=("structured.valid", "structured.invariance", "structured.tool_calls", "structured.neg.mask_off"),
     body=_body,
 )

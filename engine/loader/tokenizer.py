@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from engine.errors import InvalidRequestError
+from engine.structured.tool_prompt import fallback_messages, native_messages, template_takes_tools
+from engine.structured.tools import Tool, tool_format_of
 
-Message = dict[str, str]
+Message = dict[str, Any]
 
 
 def _raise_exception(message: str) -> None:
@@ -46,13 +49,33 @@ class ChatTokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self.tokenizer.token_to_id(token)
 
-    def apply_chat_template(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
-        """Render messages with the model's template (sandboxed jinja2, trim_blocks and lstrip_blocks)."""
+    def apply_chat_template(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Tool] | None = None,
+    ) -> str:
+        """Render messages with the model's template (sandboxed jinja2, trim_blocks and lstrip_blocks).
+
+        With ``tools``, the template's own tools section renders them when it has one, else the
+        fallback of engine/structured/tool_prompt.py (tools in a system message, calls and results
+        as text). A message needs a ``role`` and a ``content``, which an assistant's turn with
+        ``tool_calls`` may leave out."""
         if not self.chat_template:
             raise InvalidRequestError("this model has no chat template; use a raw completion")
         for message in messages:
-            if not isinstance(message, dict) or "role" not in message or "content" not in message:
+            if not isinstance(message, dict) or "role" not in message:
                 raise InvalidRequestError("each message needs a 'role' and a 'content'")
+            if message.get("content") is None and not message.get("tool_calls"):
+                raise InvalidRequestError("each message needs a 'role' and a 'content'")
+        extra: dict[str, object] = {}
+        if tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
+            fmt = tool_format_of(self.chat_template)
+            if template_takes_tools(self.chat_template):
+                messages = native_messages(messages)
+                extra["tools"] = [t.as_openai() for t in tools or ()] or None
+            else:
+                messages = fallback_messages(messages, tools or (), fmt)
         if self._compiled is None:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise_exception
@@ -63,12 +86,18 @@ class ChatTokenizer:
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",
+                **extra,
             )
         except TemplateError as exc:
             raise InvalidRequestError(f"chat template rejected the messages: {exc}") from exc
 
-    def encode_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt))
+    def encode_chat(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Tool] | None = None,
+    ) -> list[int]:
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt, tools))
 
 
 class IncrementalDetokenizer:

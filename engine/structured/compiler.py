@@ -8,14 +8,17 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 import llguidance
 from llguidance.gbnf_to_lark import any_to_lark
 
 from engine.errors import InvalidRequestError
-from engine.loader.tokenizer import ChatTokenizer
 from engine.structured.grammar import JSON_LAYOUT, Grammar
 from engine.structured.matcher import GrammarMatcher
+
+if TYPE_CHECKING:  # the tokenizer module renders tools with engine.structured: no import at run time
+    from engine.loader.tokenizer import ChatTokenizer
 
 CACHE_SIZE = 128  # compiled grammars kept per model (a repeated schema compiles once)
 

@@ -50,7 +50,13 @@ async def _generate(
         work = await to_work(req, model, seat.settings.default_max_tokens)
         gen = submit(request, model, work, "ollama", arrival)
         reply = OllamaReply(
-            req.model, endpoint, model.tokenizer, bool(req.logprobs), arrival, lease.load_seconds
+            req.model,
+            endpoint,
+            model.tokenizer,
+            bool(req.logprobs),
+            arrival,
+            lease.load_seconds,
+            work.tool_use,
         )
         if req.stream is not False:
             return LeasedStream(ollama_format.ndjson(stream(request, gen), reply), lease, NDJSON)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -12,11 +13,13 @@ from typing import Any, Literal
 
 from engine.loader import ChatTokenizer
 from engine.outputs import RequestOutput
+from engine.structured.tools import ToolCall
 from nxctl.server.api_errors import APIError, as_api_error
 from nxctl.server.finish_reasons import api_finish
 from nxctl.server.model_info import iso_time
 from nxctl.server.streaming import Delta
 from nxctl.server.tokens import token_text
+from nxctl.server.tool_fields import ToolUse
 
 log = logging.getLogger("nxctl.serve")
 NS = 1_000_000_000
@@ -33,6 +36,7 @@ class OllamaReply:
     logprobs: bool
     arrival: float  # perf_counter seconds
     load_seconds: float
+    tool_use: ToolUse | None = None  # the answer may hold tool calls, read back out of its text
 
 
 def now_iso() -> str:
@@ -70,12 +74,22 @@ def final_fields(out: RequestOutput, arrival: float, load_s: float) -> dict[str,
     }
 
 
-def body(reply: OllamaReply, d: Delta, final: dict[str, Any] | None) -> dict[str, Any]:
-    """One body (a line, or the whole answer): ``d``'s text as the message (chat) or the response
-    (generate); the final one adds ``final`` and, for generate, the ``context`` to continue from."""
+def tool_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
+    """Ollama's ``message.tool_calls``: each call's function name and arguments (an object)."""
+    return [{"function": {"name": c.name, "arguments": c.arguments_object}} for c in calls]
+
+
+def body(
+    reply: OllamaReply, d: Delta, final: dict[str, Any] | None, calls: list[ToolCall] | None = None
+) -> dict[str, Any]:
+    """One body (a line, or the whole answer): ``d``'s text as the message (chat, with the tool
+    ``calls`` it made) or the response (generate); the final one adds ``final`` and, for generate,
+    the ``context`` to continue from."""
     out: dict[str, Any] = {"model": reply.model, "created_at": now_iso()}
     if reply.endpoint == "chat":
         out["message"] = {"role": "assistant", "content": d.text}
+        if calls:
+            out["message"]["tool_calls"] = tool_calls(calls)
     else:
         out["response"] = d.text
     if reply.logprobs:
@@ -87,18 +101,27 @@ def body(reply: OllamaReply, d: Delta, final: dict[str, Any] | None) -> dict[str
 
 def answer(reply: OllamaReply, out: RequestOutput) -> dict[str, Any]:
     """The single body of a request that does not stream."""
-    whole = Delta(0, out.text, out.token_ids, out.logprobs, out.top_logprobs, out.finish_reason, out)
-    return body(reply, whole, final_fields(out, reply.arrival, reply.load_seconds))
+    text, calls = reply.tool_use.parse(out.text) if reply.tool_use is not None else (out.text, [])
+    whole = Delta(0, text, out.token_ids, out.logprobs, out.top_logprobs, out.finish_reason, out)
+    return body(reply, whole, final_fields(out, reply.arrival, reply.load_seconds), calls)
 
 
 async def ndjson(deltas: AsyncGenerator[Delta, None], reply: OllamaReply) -> AsyncIterator[bytes]:
     """The NDJSON stream: a line per delta with news, a last line with the counts and durations, or an
     ``{"error": ...}`` line if the stream fails."""
+    calls_in = reply.tool_use.stream() if reply.tool_use is not None else None
     try:
         async with aclosing(deltas) as stream:
             async for d in stream:
-                if d.text or (reply.logprobs and d.token_ids):
-                    yield line(body(reply, d, None))
+                calls: list[ToolCall] = []
+                if calls_in is not None:
+                    text, calls = calls_in.feed(d.text)
+                    if d.finish_reason:
+                        rest, last = calls_in.finish()
+                        text, calls = text + rest, calls + last
+                    d = dataclasses.replace(d, text=text)
+                if d.text or calls or (reply.logprobs and d.token_ids):
+                    yield line(body(reply, d, None, calls))
                 if d.finish_reason:
                     empty = Delta(d.index, "", [], [], [], d.finish_reason, d.output)
                     yield line(body(reply, empty, final_fields(d.output, reply.arrival, reply.load_seconds)))

@@ -59,10 +59,12 @@ async def chat_completions(request: Request) -> Response:
         want_lp = bool(req.logprobs)
         if req.stream:
             reply = _reply(gen, req, model, work)
-            events = fmt.chat_events(stream(request, gen), reply, len(work.jobs), want_lp, _with_usage(req))
+            events = fmt.chat_events(
+                stream(request, gen), reply, len(work.jobs), want_lp, _with_usage(req), work.tool_use
+            )
             return LeasedStream(events, lease, SSE)
         outs = await collect(request, gen)
-        body = fmt.chat_response(_reply(gen, req, model, work), outs, want_lp)
+        body = fmt.chat_response(_reply(gen, req, model, work), outs, want_lp, work.tool_use)
         return JSONResponse(body, headers={"X-Request-Id": gen.request_id})
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -11,11 +12,13 @@ from typing import Any
 
 from engine.loader import ChatTokenizer
 from engine.outputs import RequestOutput
+from engine.structured.tools import ToolCall, ToolCallStream
 from nxctl import __version__
 from nxctl.server.api_errors import APIError, as_api_error
 from nxctl.server.finish_reasons import api_finish, api_finish_or_none
 from nxctl.server.streaming import Delta
 from nxctl.server.tokens import token_bytes, token_text
+from nxctl.server.tool_fields import ToolUse
 
 log = logging.getLogger("nxctl.serve")
 FINGERPRINT = f"nxctl-{__version__}"
@@ -96,7 +99,37 @@ def completion_logprobs(
 
 
 # ---- chat ----------------------------------------------------------------------------------------
-def chat_response(reply: Reply, outs: list[RequestOutput], want_logprobs: bool) -> dict[str, Any]:
+def tool_call_objects(calls: Sequence[ToolCall], streamed_from: int | None = None) -> list[dict[str, Any]]:
+    """OpenAI's ``tool_calls``: id, type, function name and arguments (JSON text); in a stream chunk
+    each also carries its ``index`` among the choice's calls (from ``streamed_from``)."""
+    objects = []
+    for n, call in enumerate(calls):
+        entry = {
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }
+        objects.append(entry if streamed_from is None else {"index": streamed_from + n, **entry})
+    return objects
+
+
+def chat_message(out: RequestOutput, tool_use: ToolUse | None) -> tuple[dict[str, Any], str]:
+    """The answer's message (its tool calls read out of its text when tools were given) and its
+    finish reason (``tool_calls`` when it called any)."""
+    finish: str = api_finish(out.finish_reason) if out.finish_reason else "stop"
+    if tool_use is None:
+        return {"role": "assistant", "content": out.text}, finish
+    text, calls = tool_use.parse(out.text)
+    message: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}
+    if calls:
+        message["tool_calls"] = tool_call_objects(calls)
+        finish = "tool_calls" if finish == "stop" else finish
+    return message, finish
+
+
+def chat_response(
+    reply: Reply, outs: list[RequestOutput], want_logprobs: bool, tool_use: ToolUse | None = None
+) -> dict[str, Any]:
     """The ``chat.completion`` body: one choice per final output."""
     choices = []
     for i, out in enumerate(outs):
@@ -105,15 +138,8 @@ def chat_response(reply: Reply, outs: list[RequestOutput], want_logprobs: bool) 
             if want_logprobs
             else None
         )
-        finish = api_finish(out.finish_reason) if out.finish_reason else "stop"
-        choices.append(
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": out.text},
-                "logprobs": lp,
-                "finish_reason": finish,
-            }
-        )
+        message, finish = chat_message(out, tool_use)
+        choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": finish})
     return {
         "id": reply.request_id,
         "object": "chat.completion",
@@ -150,11 +176,40 @@ def chat_delta_choice(delta: Delta, tok: ChatTokenizer, want_logprobs: bool) -> 
     return {"index": delta.index, "delta": content, "logprobs": lp, "finish_reason": finish}
 
 
+class ToolDeltas:
+    """Per choice, reads tool calls out of streamed text: text that may still become a call is held
+    back, a call goes out whole in one ``tool_calls`` delta once its closing tag arrives (as OpenAI's
+    clients accumulate them), and the last chunk says ``tool_calls`` when the choice called any."""
+
+    def __init__(self, tool_use: ToolUse):
+        self.tool_use = tool_use
+        self.streams: dict[int, ToolCallStream] = {}
+
+    def rewrite(self, delta: Delta) -> tuple[Delta, list[dict[str, Any]], str | None]:
+        """The delta with only its plain text, the calls it completed, and its finish reason."""
+        stream = self.streams.setdefault(delta.index, self.tool_use.stream())
+        before = len(stream.calls)
+        text, calls = stream.feed(delta.text)
+        if delta.finish_reason:
+            rest, last = stream.finish()
+            text, calls = text + rest, calls + last
+        finish: str | None = api_finish_or_none(delta.finish_reason)
+        if finish == "stop" and stream.calls:
+            finish = "tool_calls"
+        return dataclasses.replace(delta, text=text), tool_call_objects(calls, before), finish
+
+
 async def chat_events(
-    deltas: AsyncGenerator[Delta, None], reply: Reply, choices: int, want_logprobs: bool, with_usage: bool
+    deltas: AsyncGenerator[Delta, None],
+    reply: Reply,
+    choices: int,
+    want_logprobs: bool,
+    with_usage: bool,
+    tool_use: ToolUse | None = None,
 ) -> AsyncIterator[bytes]:
     """The SSE stream of a chat completion: a role chunk per choice, a chunk per delta with news, the
     usage chunk when asked, an error event if the stream fails, then ``[DONE]``."""
+    tools = ToolDeltas(tool_use) if tool_use is not None else None
     try:
         for i in range(choices):
             first = {
@@ -169,8 +224,18 @@ async def chat_events(
             async for delta in stream:
                 if delta.finish_reason:
                     completion += len(delta.output.token_ids)
-                if delta.text or delta.finish_reason or (want_logprobs and delta.token_ids):
+                calls: list[dict[str, Any]] = []
+                if tools is not None:
+                    delta, calls, finish = tools.rewrite(delta)
+                if delta.text or delta.finish_reason or calls or (want_logprobs and delta.token_ids):
                     choice = chat_delta_choice(delta, reply.tokenizer, want_logprobs)
+                    if calls:
+                        choice["delta"] = {
+                            "tool_calls": calls,
+                            **({"content": delta.text} if delta.text else {}),
+                        }
+                    if tools is not None:
+                        choice["finish_reason"] = finish
                     yield sse(chat_chunk(reply, [choice], with_usage))
         if with_usage:
             yield sse({**chat_chunk(reply, [], False), "usage": usage(reply.prompt_tokens, completion)})

@@ -7,6 +7,7 @@ typical_p 1, tfs_z 1); load-time knobs (num_gpu, num_thread, ...) are refused, n
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,14 +20,11 @@ from nxctl.server.schemas_openai import Strict
 OLLAMA_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "repeat_penalty": 1.1}
 _NEUTRAL_OPTIONS: dict[str, Any] = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0}
 _UNSUPPORTED: dict[str, tuple[str, Any]] = {
-    "tools": ("tool calling", lambda v: v in (None, [])),
     "images": ("images", lambda v: v in (None, [])),
     "suffix": ("insertion (suffix)", lambda v: v in (None, "")),
     "template": ("custom templates", lambda v: v in (None, "")),
     "think": ("thinking", lambda v: v in (None, False)),
     "dimensions": ("embedding dimensions", lambda v: v is None),
-    "tool_calls": ("tool calling", lambda v: v in (None, [])),
-    "tool_name": ("tool calling", lambda v: v in (None, "")),
     "thinking": ("thinking", lambda v: v in (None, "")),
 }
 
@@ -86,12 +84,34 @@ class _Request(Strict):
 
 class Message(Strict):
     UNSUPPORTED = _UNSUPPORTED
-    role: str = Field(pattern="^(system|user|assistant)$")
+    role: str = Field(pattern="^(system|user|assistant|tool)$")
     content: str = ""
+    tool_calls: list[dict[str, Any]] | None = None  # [{"function": {"name", "arguments": {...}}}]
+    tool_name: str | None = None  # a tool message: which tool answered
+
+    def as_template_message(self) -> dict[str, Any]:
+        """The message as chat templates take it (OpenAI's shape: calls' arguments as JSON text)."""
+        message: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": f"call_{n}",
+                    "type": "function",
+                    "function": {
+                        "name": str((c.get("function") or {}).get("name", "")),
+                        "arguments": json.dumps((c.get("function") or {}).get("arguments") or {}),
+                    },
+                }
+                for n, c in enumerate(self.tool_calls)
+            ]
+        if self.tool_name:
+            message["name"] = self.tool_name
+        return message
 
 
 class ChatRequest(_Request):
     messages: list[Message] | None = None
+    tools: list[dict[str, Any]] | None = None
     format: str | dict[str, Any] | None = None  # "json" or a JSON schema
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)

@@ -15,11 +15,8 @@ from nxctl.server.api_errors import APIError, bad_request
 
 _UNSUPPORTED: dict[str, tuple[str, Any]] = {
     # field: (what it is, the predicate of its "not used" values)
-    "tools": ("function calling", lambda v: v in (None, [])),
-    "tool_choice": ("function calling", lambda v: v in (None, "none")),
-    "functions": ("function calling", lambda v: v in (None, [])),
-    "function_call": ("function calling", lambda v: v in (None, "none")),
-    "parallel_tool_calls": ("function calling", lambda v: v is None),
+    "functions": ("the legacy functions field (use tools)", lambda v: v in (None, [])),
+    "function_call": ("the legacy function_call field (use tool_choice)", lambda v: v in (None, "none")),
     "audio": ("audio output", lambda v: v is None),
     "modalities": ("output modalities", lambda v: v in (None, ["text"])),
     "prediction": ("predicted outputs", lambda v: v is None),
@@ -57,21 +54,68 @@ class Strict(BaseModel):
             )
 
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
-    type: Literal["text"]
-    text: str
+MEDIA_PARTS = ("image_url", "input_image", "image", "input_audio", "audio", "file", "input_file", "video_url")
+
+
+class FunctionCall(Strict):
+    name: str
+    arguments: str
+
+
+class ToolCallParam(Strict):
+    """A call an assistant made, as the conversation sends it back."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionDef(Strict):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolParam(Strict):
+    type: Literal["function"]
+    function: FunctionDef
 
 
 class ChatMessage(Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallParam] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
-        """The content as one text (text parts joined)."""
-        if isinstance(self.content, list):
-            return "".join(p.text for p in self.content)
-        return self.content or ""
+        """The content as one text (text parts joined); a 400 for a media part or a malformed one."""
+        if not isinstance(self.content, list):
+            return self.content or ""
+        texts = []
+        for part in self.content:
+            kind = part.get("type")
+            if kind in MEDIA_PARTS:
+                raise bad_request(
+                    f"a content part of type {kind!r}: this model takes text only", param="messages"
+                )
+            if kind != "text" or not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
+                raise bad_request("a content part must be {'type': 'text', 'text': '...'}", param="messages")
+            texts.append(part["text"])
+        return "".join(texts)
+
+    def as_template_message(self) -> dict[str, Any]:
+        """The message as chat templates take it (developer is system; calls and call ids kept)."""
+        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role}
+        message["content"] = None if self.content is None and self.tool_calls else self.text()
+        if self.tool_calls:
+            message["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            message["name"] = self.name
+        return message
 
 
 class StreamOptions(Strict):
@@ -126,12 +170,27 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[ToolParam] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
     def check(self) -> None:
         """As every sampling request's, each message's fields, and top_logprobs only with logprobs."""
         super().check()
         for message in self.messages:
             message.reject_extras()
+            if message.content is None and not (message.role == "assistant" and message.tool_calls):
+                raise bad_request(
+                    "each message needs a content (an assistant's may have tool_calls instead)",
+                    param="messages",
+                )
+            message.text()
+            for call in message.tool_calls or []:
+                call.reject_extras()
+                call.function.reject_extras()
+        for tool in self.tools or []:
+            tool.reject_extras()
+            tool.function.reject_extras()
         if self.top_logprobs and not self.logprobs:
             raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
 

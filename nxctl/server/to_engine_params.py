@@ -14,6 +14,7 @@ the prompt's oldest tokens (generate).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import cast
@@ -22,6 +23,7 @@ from engine.errors import InvalidRequestError
 from engine.loader.ollama_store import PARAMETER_NAMES
 from engine.sampling_params import SamplingParams
 from engine.structured import Grammar
+from engine.structured.tools import tool_format_of
 from nxctl.server.api_errors import bad_request
 from nxctl.server.host import SeatModel
 from nxctl.server.schemas_ollama import OLLAMA_DEFAULTS, ChatRequest, EmbedRequest, GenerateRequest, Options
@@ -40,6 +42,7 @@ from nxctl.server.structured_fields import (
     structured_outputs_grammar,
 )
 from nxctl.server.tokens import chat_prompt_ids, fit_messages
+from nxctl.server.tool_fields import ToolUse, tool_choice_of, tools_grammar, tools_of
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class Work:
 
     jobs: list[Job]
     prompt_tokens: int
+    tool_use: ToolUse | None = None  # the answers may hold tool calls (to be read back out)
 
 
 # ---- checks --------------------------------------------------------------------------------------
@@ -142,19 +146,26 @@ def openai_params(
 
 
 async def chat_work(req: ChatCompletionRequest, model: SeatModel, default_max: int) -> Work:
-    """/v1/chat/completions: the messages through the chat template, ``n`` jobs on that prompt."""
-    messages = [
-        {"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages
-    ]
+    """/v1/chat/completions: the messages (and tools) through the chat template, ``n`` jobs on that
+    prompt; with tools, the grammar of ``tool_choice``."""
+    messages = [m.as_template_message() for m in req.messages]
+    tools = tools_of([t.model_dump() for t in req.tools or []])
+    choice = tool_choice_of(req.tool_choice, tools)
     try:
-        ids = await asyncio.to_thread(chat_prompt_ids, model.tokenizer, messages)
+        ids = await asyncio.to_thread(chat_prompt_ids, model.tokenizer, messages, tools)
     except InvalidRequestError as exc:
         raise bad_request(str(exc), param="messages") from exc
     top = (req.top_logprobs or 0) if req.logprobs else None
     grammar = await openai_grammar(req, model)
+    tool_use = None
+    if choice != "none":
+        fmt = tool_format_of(model.tokenizer.chat_template)
+        parallel = req.parallel_tool_calls is not False
+        grammar = await checked(tools_grammar(tools, choice, fmt, parallel, grammar), model, "tools")
+        tool_use = ToolUse(fmt, tuple(t.name for t in tools))
     vocab = model.llm.model_config.vocab_size
     params = openai_params(req, len(ids), model.context_tokens, default_max, top, grammar, vocab)
-    return Work([Job(ids, p) for p in params], len(ids))
+    return Work([Job(ids, p) for p in params], len(ids), tool_use)
 
 
 async def completion_work(req: CompletionRequest, model: SeatModel, default_max: int) -> Work:
@@ -275,13 +286,20 @@ def _ollama_top(logprobs: bool | None, top_logprobs: int | None) -> int | None:
 async def ollama_chat_work(req: ChatRequest, model: SeatModel, default_max: int) -> Work:
     """/api/chat: the messages through the chat template, the oldest turns cut to fit the context."""
     limits = OllamaLimits.of(req.options, model, default_max)
-    messages = [{"role": m.role, "content": m.content} for m in req.messages or []]
+    messages = [m.as_template_message() for m in req.messages or []]
+    tools = tools_of(req.tools)
     try:
-        ids, _ = await asyncio.to_thread(fit_messages, model.tokenizer, messages, limits.prompt)
+        ids, _ = await asyncio.to_thread(fit_messages, model.tokenizer, messages, limits.prompt, tools)
     except InvalidRequestError as exc:
         raise bad_request(str(exc), param="messages") from exc
     grammar = await checked(ollama_format_grammar(req.format), model, "format")
-    return limits.work(ids, req.options, _ollama_top(req.logprobs, req.top_logprobs), grammar)
+    work = limits.work(ids, req.options, _ollama_top(req.logprobs, req.top_logprobs), grammar)
+    if not tools:
+        return work
+    fmt = tool_format_of(model.tokenizer.chat_template)  # the model chooses: OpenAI's "auto"
+    grammar = await checked(tools_grammar(tools, "auto", fmt, True, grammar), model, "tools")
+    jobs = [Job(job.prompt_ids, dataclasses.replace(job.params, grammar=grammar)) for job in work.jobs]
+    return Work(jobs, work.prompt_tokens, ToolUse(fmt, tuple(t.name for t in tools)))
 
 
 async def ollama_generate_work(req: GenerateRequest, model: SeatModel, default_max: int) -> Work:

@@ -4,23 +4,29 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import cache
+from typing import Any
 
 from engine.loader import ChatTokenizer
+from engine.structured.tools import Tool
 
-Message = dict[str, str]
-
-
-def chat_prompt_ids(tokenizer: ChatTokenizer, messages: Sequence[Message]) -> list[int]:
-    """The messages rendered with the model's chat template, ready for the assistant's turn."""
-    return tokenizer.encode_chat(list(messages), add_generation_prompt=True)
+Message = dict[str, Any]
 
 
-def fit_messages(tokenizer: ChatTokenizer, messages: Sequence[Message], limit: int) -> tuple[list[int], bool]:
+def chat_prompt_ids(
+    tokenizer: ChatTokenizer, messages: Sequence[Message], tools: Sequence[Tool] | None = None
+) -> list[int]:
+    """The messages (and tools) rendered with the model's chat template, ready for the assistant's turn."""
+    return tokenizer.encode_chat(list(messages), add_generation_prompt=True, tools=tools)
+
+
+def fit_messages(
+    tokenizer: ChatTokenizer, messages: Sequence[Message], limit: int, tools: Sequence[Tool] | None = None
+) -> tuple[list[int], bool]:
     """Ollama's truncation: drop the oldest turns (system messages kept, the last message always kept)
     until the rendered prompt has at most ``limit`` tokens; if even that is too long, keep the prompt's
     last ``limit`` tokens. Returns (token ids, whether anything was cut)."""
     kept = list(messages)
-    ids = chat_prompt_ids(tokenizer, kept)
+    ids = chat_prompt_ids(tokenizer, kept, tools)
     cut = False
     while len(ids) > limit:
         droppable = [i for i, m in enumerate(kept[:-1]) if m.get("role") != "system"]
@@ -28,7 +34,7 @@ def fit_messages(tokenizer: ChatTokenizer, messages: Sequence[Message], limit: i
             return ids[-limit:], True
         del kept[droppable[0]]
         cut = True
-        ids = chat_prompt_ids(tokenizer, kept)
+        ids = chat_prompt_ids(tokenizer, kept, tools)
     return ids, cut
 
 

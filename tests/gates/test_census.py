@@ -60,7 +60,7 @@ STABLE_IDS = {
     ),
     *("share.prefix_identical", "share.prefix_hits", "share.priority", "share.fairness"),
     *("share.neg.last_block_key", "share.neg.fcfs"),
-    *("structured.valid", "structured.invariance", "structured.neg.mask_off"),
+    *("structured.valid", "structured.invariance", "structured.tool_calls", "structured.neg.mask_off"),
     *("mux.registry_sizes", "mux.hit", "mux.evict_cycle", "mux.refuse_oversized", "mux.lru", "mux.budget"),
     *("mux.neg.mru", "mux.neg.force_load_refusal", "mux.neg.force_load_budget"),
     *("serve.openai_schema", "serve.ollama_schema", "serve.invariance_e2e", "serve.bad_requests_4xx"),

@@ -44,7 +44,7 @@ CASES = [
         "/v1/chat/completions",
         {"model": "tiny", "messages": USER, "tools": [{"type": "function"}]},
         400,
-        "'tools'",
+        "tools.0.function",
     ),
     (
         "/v1/chat/completions",
