@@ -11,6 +11,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from engine.errors import InvalidRequestError
+from engine.structured import reasoning
 from engine.structured.tool_prompt import fallback_messages, native_messages, template_takes_tools
 from engine.structured.tools import Tool, tool_format_of
 
@@ -49,18 +50,27 @@ class ChatTokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self.tokenizer.token_to_id(token)
 
+    @property
+    def reasons(self) -> bool:
+        """Whether the model writes its thinking in ``<think>`` tags (its template or vocabulary says so)."""
+        tags = self.token_to_id(reasoning.OPEN) is not None and self.token_to_id(reasoning.CLOSE) is not None
+        return reasoning.reasons(self.chat_template, tags)
+
     def apply_chat_template(
         self,
         messages: Sequence[Message],
         add_generation_prompt: bool = True,
         tools: Sequence[Tool] | None = None,
+        thinking: bool | None = None,
     ) -> str:
         """Render messages with the model's template (sandboxed jinja2, trim_blocks and lstrip_blocks).
 
         With ``tools``, the template's own tools section renders them when it has one, else the
         fallback of engine/structured/tool_prompt.py (tools in a system message, calls and results
         as text). A message needs a ``role`` and a ``content``, which an assistant's turn with
-        ``tool_calls`` may leave out."""
+        ``tool_calls`` may leave out. ``thinking`` (a reasoning model's): the template's
+        ``enable_thinking``; where the template has no such switch, False writes an empty thought
+        after the generation prompt, as Qwen3's template does."""
         if not self.chat_template:
             raise InvalidRequestError("this model has no chat template; use a raw completion")
         for message in messages:
@@ -80,8 +90,10 @@ class ChatTokenizer:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise_exception
             self._compiled = env.from_string(self.chat_template)
+        if thinking is not None:
+            extra["enable_thinking"] = thinking
         try:
-            return self._compiled.render(  # type: ignore[attr-defined]
+            text = self._compiled.render(  # type: ignore[attr-defined]
                 messages=list(messages),
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token or "",
@@ -90,14 +102,19 @@ class ChatTokenizer:
             )
         except TemplateError as exc:
             raise InvalidRequestError(f"chat template rejected the messages: {exc}") from exc
+        switchable = "enable_thinking" in self.chat_template
+        if thinking is False and add_generation_prompt and self.reasons and not switchable:
+            text += reasoning.NO_THINKING
+        return text
 
     def encode_chat(
         self,
         messages: Sequence[Message],
         add_generation_prompt: bool = True,
         tools: Sequence[Tool] | None = None,
+        thinking: bool | None = None,
     ) -> list[int]:
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt, tools))
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt, tools, thinking))
 
 
 class IncrementalDetokenizer:

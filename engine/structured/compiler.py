@@ -16,6 +16,7 @@ from llguidance.gbnf_to_lark import any_to_lark
 from engine.errors import InvalidRequestError
 from engine.structured.grammar import JSON_LAYOUT, Grammar
 from engine.structured.matcher import GrammarMatcher
+from engine.structured.reasoning import CLOSE, OPEN
 
 if TYPE_CHECKING:  # the tokenizer module renders tools with engine.structured: no import at run time
     from engine.loader.tokenizer import ChatTokenizer
@@ -35,6 +36,8 @@ def _llguidance_text(grammar: Grammar) -> str:
         return llguidance.LLMatcher.grammar_from_json_schema(grammar.source, defaults=JSON_LAYOUT)  # type: ignore[arg-type]
     if grammar.kind == "regex":
         return llguidance.LLMatcher.grammar_from_regex(grammar.source)
+    if grammar.kind == "thinking":
+        return _thinking_text(grammar)
     if grammar.kind == "choice":
         options = json.loads(grammar.source)
         return llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(o) for o in options))
@@ -45,6 +48,22 @@ def _llguidance_text(grammar: Grammar) -> str:
         except Exception as exc:  # noqa: BLE001 - the converter raises plain exceptions on bad input
             raise InvalidRequestError(f"invalid gbnf grammar: {_one_line(str(exc))}") from exc
     return llguidance.LLMatcher.grammar_from_lark(source)
+
+
+def _thinking_text(grammar: Grammar) -> str:
+    """Free thinking in tags (its budget forcing the closing tag), then the answer's own grammar,
+    joined as two llguidance grammars (the outer one refers to the answer by name)."""
+    spec = json.loads(grammar.source)
+    inner = _llguidance_text(Grammar(spec["kind"], spec["source"]))
+    # llguidance writes most grammars as JSON ({"grammars": [...]}), a Lark grammar as its own text
+    answer = json.loads(inner)["grammars"] if inner.lstrip().startswith("{") else [{"lark_grammar": inner}]
+    opening = "" if spec.get("opened") else json.dumps(OPEN)
+    outer = (
+        f"start: {opening} think {json.dumps(CLOSE)} answer\n"
+        f"think[max_tokens={int(spec['budget'])}]: /(?s:.*)/\n"
+        "answer: @answer\n"
+    )
+    return json.dumps({"grammars": [{"lark_grammar": outer}, {**answer[0], "name": "answer"}, *answer[1:]]})
 
 
 class GrammarCompiler:

@@ -8,8 +8,8 @@ from typing import Any, Literal
 
 from engine.errors import InvalidRequestError
 
-GrammarKind = Literal["json_schema", "regex", "lark", "gbnf", "choice"]
-KINDS: tuple[GrammarKind, ...] = ("json_schema", "regex", "lark", "gbnf", "choice")
+GrammarKind = Literal["json_schema", "regex", "lark", "gbnf", "choice", "thinking"]
+KINDS: tuple[GrammarKind, ...] = ("json_schema", "regex", "lark", "gbnf", "choice", "thinking")
 
 # JSON is written compactly but readably (as json.dumps writes it): no free whitespace, so a model
 # cannot wander in blanks, and ", " / ": " separators, the spelling models saw most in training.
@@ -19,7 +19,9 @@ JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separa
 @dataclass(frozen=True)
 class Grammar:
     """``kind`` and its ``source`` text: a JSON Schema (as JSON text), a regex, a Lark or GBNF grammar,
-    or a JSON list of strings (``choice``). Build one with the class methods."""
+    a JSON list of strings (``choice``), or thinking then an answer (``thinking``: JSON of the
+    budget and the answer's grammar; engine/structured/reasoning.py builds it). Build one with the
+    class methods."""
 
     kind: GrammarKind
     source: str

@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 from engine.errors import NxError
 from engine.mux.registry import MB, ModelSpec
 from nxctl import __version__
-from nxctl.server import ollama_api, openai_api
+from nxctl.server import ollama_api, openai_api, responses_api
 from nxctl.server.api_errors import APIError, bad_request, error_body, from_engine
 from nxctl.server.bridge import CoreLease
 from nxctl.server.dlq import DeadLetterStore
@@ -95,6 +95,7 @@ def create_app(settings: SeatSettings, loader: Loader | None = None, preload: bo
     app.state.preload = names
     app.include_router(openai_api.router)
     app.include_router(ollama_api.router)
+    app.include_router(responses_api.router)
     _add_routes(app)
     _add_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)

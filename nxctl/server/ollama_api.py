@@ -56,7 +56,7 @@ async def _generate(
             bool(req.logprobs),
             arrival,
             lease.load_seconds,
-            work.tool_use,
+            work.shape,
         )
         if req.stream is not False:
             return LeasedStream(ollama_format.ndjson(stream(request, gen), reply), lease, NDJSON)

@@ -14,12 +14,12 @@ from typing import Any, Literal
 from engine.loader import ChatTokenizer
 from engine.outputs import RequestOutput
 from engine.structured.tools import ToolCall
+from nxctl.server.answer_reader import AnswerShape
 from nxctl.server.api_errors import APIError, as_api_error
 from nxctl.server.finish_reasons import api_finish
 from nxctl.server.model_info import iso_time
 from nxctl.server.streaming import Delta
 from nxctl.server.tokens import token_text
-from nxctl.server.tool_fields import ToolUse
 
 log = logging.getLogger("nxctl.serve")
 NS = 1_000_000_000
@@ -36,7 +36,7 @@ class OllamaReply:
     logprobs: bool
     arrival: float  # perf_counter seconds
     load_seconds: float
-    tool_use: ToolUse | None = None  # the answer may hold tool calls, read back out of its text
+    shape: AnswerShape = AnswerShape()  # its thinking and tool calls, read back out of its text
 
 
 def now_iso() -> str:
@@ -80,18 +80,26 @@ def tool_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
 
 
 def body(
-    reply: OllamaReply, d: Delta, final: dict[str, Any] | None, calls: list[ToolCall] | None = None
+    reply: OllamaReply,
+    d: Delta,
+    final: dict[str, Any] | None,
+    calls: list[ToolCall] | None = None,
+    thinking: str | None = None,
 ) -> dict[str, Any]:
     """One body (a line, or the whole answer): ``d``'s text as the message (chat, with the tool
-    ``calls`` it made) or the response (generate); the final one adds ``final`` and, for generate,
-    the ``context`` to continue from."""
+    ``calls`` it made) or the response (generate), a reasoning model's ``thinking`` beside it; the
+    final one adds ``final`` and, for generate, the ``context`` to continue from."""
     out: dict[str, Any] = {"model": reply.model, "created_at": now_iso()}
     if reply.endpoint == "chat":
         out["message"] = {"role": "assistant", "content": d.text}
+        if thinking:
+            out["message"]["thinking"] = thinking
         if calls:
             out["message"]["tool_calls"] = tool_calls(calls)
     else:
         out["response"] = d.text
+        if thinking:
+            out["thinking"] = thinking
     if reply.logprobs:
         out["logprobs"] = logprobs(reply.tokenizer, d)
     if final is not None and reply.endpoint == "generate":
@@ -101,27 +109,27 @@ def body(
 
 def answer(reply: OllamaReply, out: RequestOutput) -> dict[str, Any]:
     """The single body of a request that does not stream."""
-    text, calls = reply.tool_use.parse(out.text) if reply.tool_use is not None else (out.text, [])
-    whole = Delta(0, text, out.token_ids, out.logprobs, out.top_logprobs, out.finish_reason, out)
-    return body(reply, whole, final_fields(out, reply.arrival, reply.load_seconds), calls)
+    answer = reply.shape.read(out.text)
+    whole = Delta(0, answer.content, out.token_ids, out.logprobs, out.top_logprobs, out.finish_reason, out)
+    final = final_fields(out, reply.arrival, reply.load_seconds)
+    return body(reply, whole, final, answer.calls, answer.reasoning)
 
 
 async def ndjson(deltas: AsyncGenerator[Delta, None], reply: OllamaReply) -> AsyncIterator[bytes]:
     """The NDJSON stream: a line per delta with news, a last line with the counts and durations, or an
     ``{"error": ...}`` line if the stream fails."""
-    calls_in = reply.tool_use.stream() if reply.tool_use is not None else None
+    reader = None if reply.shape.plain else reply.shape.reader()
     try:
         async with aclosing(deltas) as stream:
             async for d in stream:
                 calls: list[ToolCall] = []
-                if calls_in is not None:
-                    text, calls = calls_in.feed(d.text)
-                    if d.finish_reason:
-                        rest, last = calls_in.finish()
-                        text, calls = text + rest, calls + last
-                    d = dataclasses.replace(d, text=text)
-                if d.text or calls or (reply.logprobs and d.token_ids):
-                    yield line(body(reply, d, None, calls))
+                thinking = None
+                if reader is not None:
+                    answer = reader.feed(d.text, bool(d.finish_reason))
+                    calls, thinking = answer.calls, answer.reasoning
+                    d = dataclasses.replace(d, text=answer.content)
+                if d.text or calls or thinking or (reply.logprobs and d.token_ids):
+                    yield line(body(reply, d, None, calls, thinking))
                 if d.finish_reason:
                     empty = Delta(d.index, "", [], [], [], d.finish_reason, d.output)
                     yield line(body(reply, empty, final_fields(d.output, reply.arrival, reply.load_seconds)))

@@ -60,11 +60,11 @@ async def chat_completions(request: Request) -> Response:
         if req.stream:
             reply = _reply(gen, req, model, work)
             events = fmt.chat_events(
-                stream(request, gen), reply, len(work.jobs), want_lp, _with_usage(req), work.tool_use
+                stream(request, gen), reply, len(work.jobs), want_lp, _with_usage(req), work.shape
             )
             return LeasedStream(events, lease, SSE)
         outs = await collect(request, gen)
-        body = fmt.chat_response(_reply(gen, req, model, work), outs, want_lp, work.tool_use)
+        body = fmt.chat_response(_reply(gen, req, model, work), outs, want_lp, work.shape)
         return JSONResponse(body, headers={"X-Request-Id": gen.request_id})
 
 

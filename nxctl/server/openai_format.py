@@ -12,13 +12,13 @@ from typing import Any
 
 from engine.loader import ChatTokenizer
 from engine.outputs import RequestOutput
-from engine.structured.tools import ToolCall, ToolCallStream
+from engine.structured.tools import ToolCall
 from nxctl import __version__
+from nxctl.server.answer_reader import AnswerReader, AnswerShape
 from nxctl.server.api_errors import APIError, as_api_error
 from nxctl.server.finish_reasons import api_finish, api_finish_or_none
 from nxctl.server.streaming import Delta
 from nxctl.server.tokens import token_bytes, token_text
-from nxctl.server.tool_fields import ToolUse
 
 log = logging.getLogger("nxctl.serve")
 FINGERPRINT = f"nxctl-{__version__}"
@@ -113,22 +113,27 @@ def tool_call_objects(calls: Sequence[ToolCall], streamed_from: int | None = Non
     return objects
 
 
-def chat_message(out: RequestOutput, tool_use: ToolUse | None) -> tuple[dict[str, Any], str]:
-    """The answer's message (its tool calls read out of its text when tools were given) and its
-    finish reason (``tool_calls`` when it called any)."""
+def chat_message(out: RequestOutput, shape: AnswerShape) -> tuple[dict[str, Any], str]:
+    """The answer's message (a reasoning model's thinking as ``reasoning_content``, tool calls read
+    out of its text when tools were given) and its finish reason (``tool_calls`` when it called any)."""
     finish: str = api_finish(out.finish_reason) if out.finish_reason else "stop"
-    if tool_use is None:
+    if shape.plain:
         return {"role": "assistant", "content": out.text}, finish
-    text, calls = tool_use.parse(out.text)
-    message: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}
-    if calls:
-        message["tool_calls"] = tool_call_objects(calls)
+    answer = shape.read(out.text)
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": answer.content or (None if answer.calls else ""),
+    }
+    if answer.reasoning is not None:
+        message["reasoning_content"] = answer.reasoning
+    if answer.calls:
+        message["tool_calls"] = tool_call_objects(answer.calls)
         finish = "tool_calls" if finish == "stop" else finish
     return message, finish
 
 
 def chat_response(
-    reply: Reply, outs: list[RequestOutput], want_logprobs: bool, tool_use: ToolUse | None = None
+    reply: Reply, outs: list[RequestOutput], want_logprobs: bool, shape: AnswerShape | None = None
 ) -> dict[str, Any]:
     """The ``chat.completion`` body: one choice per final output."""
     choices = []
@@ -138,7 +143,7 @@ def chat_response(
             if want_logprobs
             else None
         )
-        message, finish = chat_message(out, tool_use)
+        message, finish = chat_message(out, shape or AnswerShape())
         choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": finish})
     return {
         "id": reply.request_id,
@@ -176,27 +181,30 @@ def chat_delta_choice(delta: Delta, tok: ChatTokenizer, want_logprobs: bool) -> 
     return {"index": delta.index, "delta": content, "logprobs": lp, "finish_reason": finish}
 
 
-class ToolDeltas:
-    """Per choice, reads tool calls out of streamed text: text that may still become a call is held
-    back, a call goes out whole in one ``tool_calls`` delta once its closing tag arrives (as OpenAI's
-    clients accumulate them), and the last chunk says ``tool_calls`` when the choice called any."""
+class AnswerDeltas:
+    """Per choice, reads streamed text into thinking (``reasoning_content`` deltas), content and tool
+    calls: text that may still become a tag is held back, a call goes out whole in one ``tool_calls``
+    delta once it closes (as OpenAI's clients accumulate them), and the last chunk says
+    ``tool_calls`` when the choice called any."""
 
-    def __init__(self, tool_use: ToolUse):
-        self.tool_use = tool_use
-        self.streams: dict[int, ToolCallStream] = {}
+    def __init__(self, shape: AnswerShape):
+        self.shape = shape
+        self.readers: dict[int, AnswerReader] = {}
 
-    def rewrite(self, delta: Delta) -> tuple[Delta, list[dict[str, Any]], str | None]:
-        """The delta with only its plain text, the calls it completed, and its finish reason."""
-        stream = self.streams.setdefault(delta.index, self.tool_use.stream())
-        before = len(stream.calls)
-        text, calls = stream.feed(delta.text)
-        if delta.finish_reason:
-            rest, last = stream.finish()
-            text, calls = text + rest, calls + last
+    def rewrite(self, delta: Delta) -> tuple[Delta, dict[str, Any], str | None]:
+        """The delta with only its content, what else its chunk carries, and its finish reason."""
+        reader = self.readers.setdefault(delta.index, self.shape.reader())
+        before = len(reader.calls)
+        answer = reader.feed(delta.text, bool(delta.finish_reason))
+        extra: dict[str, Any] = {}
+        if answer.reasoning:
+            extra["reasoning_content"] = answer.reasoning
+        if answer.calls:
+            extra["tool_calls"] = tool_call_objects(answer.calls, before)
         finish: str | None = api_finish_or_none(delta.finish_reason)
-        if finish == "stop" and stream.calls:
+        if finish == "stop" and reader.calls:
             finish = "tool_calls"
-        return dataclasses.replace(delta, text=text), tool_call_objects(calls, before), finish
+        return dataclasses.replace(delta, text=answer.content), extra, finish
 
 
 async def chat_events(
@@ -205,11 +213,11 @@ async def chat_events(
     choices: int,
     want_logprobs: bool,
     with_usage: bool,
-    tool_use: ToolUse | None = None,
+    shape: AnswerShape | None = None,
 ) -> AsyncIterator[bytes]:
     """The SSE stream of a chat completion: a role chunk per choice, a chunk per delta with news, the
     usage chunk when asked, an error event if the stream fails, then ``[DONE]``."""
-    tools = ToolDeltas(tool_use) if tool_use is not None else None
+    reading = AnswerDeltas(shape) if shape is not None and not shape.plain else None
     try:
         for i in range(choices):
             first = {
@@ -224,17 +232,14 @@ async def chat_events(
             async for delta in stream:
                 if delta.finish_reason:
                     completion += len(delta.output.token_ids)
-                calls: list[dict[str, Any]] = []
-                if tools is not None:
-                    delta, calls, finish = tools.rewrite(delta)
-                if delta.text or delta.finish_reason or calls or (want_logprobs and delta.token_ids):
+                extra: dict[str, Any] = {}
+                if reading is not None:
+                    delta, extra, finish = reading.rewrite(delta)
+                if delta.text or delta.finish_reason or extra or (want_logprobs and delta.token_ids):
                     choice = chat_delta_choice(delta, reply.tokenizer, want_logprobs)
-                    if calls:
-                        choice["delta"] = {
-                            "tool_calls": calls,
-                            **({"content": delta.text} if delta.text else {}),
-                        }
-                    if tools is not None:
+                    if extra:
+                        choice["delta"] = {**extra, **({"content": delta.text} if delta.text else {})}
+                    if reading is not None:
                         choice["finish_reason"] = finish
                     yield sse(chat_chunk(reply, [choice], with_usage))
         if with_usage:

@@ -23,9 +23,7 @@ _UNSUPPORTED: dict[str, tuple[str, Any]] = {
     "images": ("images", lambda v: v in (None, [])),
     "suffix": ("insertion (suffix)", lambda v: v in (None, "")),
     "template": ("custom templates", lambda v: v in (None, "")),
-    "think": ("thinking", lambda v: v in (None, False)),
     "dimensions": ("embedding dimensions", lambda v: v is None),
-    "thinking": ("thinking", lambda v: v in (None, "")),
 }
 
 
@@ -88,6 +86,7 @@ class Message(Strict):
     content: str = ""
     tool_calls: list[dict[str, Any]] | None = None  # [{"function": {"name", "arguments": {...}}}]
     tool_name: str | None = None  # a tool message: which tool answered
+    thinking: str | None = None  # an earlier answer's thinking: not sent to the model again
 
     def as_template_message(self) -> dict[str, Any]:
         """The message as chat templates take it (OpenAI's shape: calls' arguments as JSON text)."""
@@ -112,6 +111,7 @@ class Message(Strict):
 class ChatRequest(_Request):
     messages: list[Message] | None = None
     tools: list[dict[str, Any]] | None = None
+    think: bool | None = None  # a reasoning model: think first (its default), or not
     format: str | dict[str, Any] | None = None  # "json" or a JSON schema
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
@@ -129,6 +129,7 @@ class GenerateRequest(_Request):
     raw: bool | None = None
     context: list[int] | None = None
     format: str | dict[str, Any] | None = None  # "json" or a JSON schema
+    think: bool | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
 

@@ -173,6 +173,7 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ToolParam] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's; enable_thinking alone
 
     def check(self) -> None:
         """As every sampling request's, each message's fields, and top_logprobs only with logprobs."""

@@ -17,13 +17,15 @@ import asyncio
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 from engine.errors import InvalidRequestError
 from engine.loader.ollama_store import PARAMETER_NAMES
 from engine.sampling_params import SamplingParams
 from engine.structured import Grammar
+from engine.structured.reasoning import after_thinking, opens_thinking
 from engine.structured.tools import tool_format_of
+from nxctl.server.answer_reader import AnswerShape
 from nxctl.server.api_errors import bad_request
 from nxctl.server.host import SeatModel
 from nxctl.server.schemas_ollama import OLLAMA_DEFAULTS, ChatRequest, EmbedRequest, GenerateRequest, Options
@@ -60,7 +62,7 @@ class Work:
 
     jobs: list[Job]
     prompt_tokens: int
-    tool_use: ToolUse | None = None  # the answers may hold tool calls (to be read back out)
+    shape: AnswerShape = AnswerShape()  # thinking and tool calls to read back out of the answers
 
 
 # ---- checks --------------------------------------------------------------------------------------
@@ -151,8 +153,9 @@ async def chat_work(req: ChatCompletionRequest, model: SeatModel, default_max: i
     messages = [m.as_template_message() for m in req.messages]
     tools = tools_of([t.model_dump() for t in req.tools or []])
     choice = tool_choice_of(req.tool_choice, tools)
+    thinking = thinking_option(req.chat_template_kwargs)
     try:
-        ids = await asyncio.to_thread(chat_prompt_ids, model.tokenizer, messages, tools)
+        ids = await asyncio.to_thread(chat_prompt_ids, model.tokenizer, messages, tools, thinking)
     except InvalidRequestError as exc:
         raise bad_request(str(exc), param="messages") from exc
     top = (req.top_logprobs or 0) if req.logprobs else None
@@ -163,9 +166,40 @@ async def chat_work(req: ChatCompletionRequest, model: SeatModel, default_max: i
         parallel = req.parallel_tool_calls is not False
         grammar = await checked(tools_grammar(tools, choice, fmt, parallel, grammar), model, "tools")
         tool_use = ToolUse(fmt, tuple(t.name for t in tools))
+    shape = answer_shape(model, ids, tool_use, thinking is not False)
+    grammar = await answer_after_thinking(grammar, shape, model)
     vocab = model.llm.model_config.vocab_size
     params = openai_params(req, len(ids), model.context_tokens, default_max, top, grammar, vocab)
-    return Work([Job(ids, p) for p in params], len(ids), tool_use)
+    return Work([Job(ids, p) for p in params], len(ids), shape)
+
+
+def answer_shape(model: SeatModel, ids: list[int], tool_use: ToolUse | None, thinking: bool) -> AnswerShape:
+    """How to read the answers to the prompt ``ids``: tool calls, and a reasoning model's thinking
+    (which the prompt itself may have opened)."""
+    reasoning = thinking and model.tokenizer.reasons
+    tail = model.tokenizer.decode(ids[-4:], skip_special_tokens=False) if reasoning else ""
+    return AnswerShape(tool_use, reasoning, opens_thinking(tail))
+
+
+def thinking_option(kwargs: dict[str, Any] | None) -> bool | None:
+    """``chat_template_kwargs`` (as vLLM takes it): only ``enable_thinking``, a boolean."""
+    if not kwargs:
+        return None
+    if set(kwargs) != {"enable_thinking"} or not isinstance(kwargs["enable_thinking"], bool):
+        raise bad_request(
+            "chat_template_kwargs takes enable_thinking (true or false) alone", param="chat_template_kwargs"
+        )
+    return kwargs["enable_thinking"]
+
+
+async def answer_after_thinking(
+    grammar: Grammar | None, shape: AnswerShape, model: SeatModel
+) -> Grammar | None:
+    """A reasoning model thinks freely first: its grammar then holds the answer after the thinking."""
+    if grammar is None or not shape.reasoning:
+        return grammar
+    thinking = after_thinking(grammar, model.context_tokens, shape.thinking_open)
+    return await checked(thinking, model, "response_format")
 
 
 async def completion_work(req: CompletionRequest, model: SeatModel, default_max: int) -> Work:
@@ -288,18 +322,21 @@ async def ollama_chat_work(req: ChatRequest, model: SeatModel, default_max: int)
     limits = OllamaLimits.of(req.options, model, default_max)
     messages = [m.as_template_message() for m in req.messages or []]
     tools = tools_of(req.tools)
+    tok = model.tokenizer
     try:
-        ids, _ = await asyncio.to_thread(fit_messages, model.tokenizer, messages, limits.prompt, tools)
+        ids, _ = await asyncio.to_thread(fit_messages, tok, messages, limits.prompt, tools, req.think)
     except InvalidRequestError as exc:
         raise bad_request(str(exc), param="messages") from exc
     grammar = await checked(ollama_format_grammar(req.format), model, "format")
+    tool_use = None
+    if tools:
+        fmt = tool_format_of(tok.chat_template)  # the model chooses: OpenAI's "auto"
+        grammar = await checked(tools_grammar(tools, "auto", fmt, True, grammar), model, "tools")
+        tool_use = ToolUse(fmt, tuple(t.name for t in tools))
+    shape = answer_shape(model, ids, tool_use, req.think is not False)
+    grammar = await answer_after_thinking(grammar, shape, model)
     work = limits.work(ids, req.options, _ollama_top(req.logprobs, req.top_logprobs), grammar)
-    if not tools:
-        return work
-    fmt = tool_format_of(model.tokenizer.chat_template)  # the model chooses: OpenAI's "auto"
-    grammar = await checked(tools_grammar(tools, "auto", fmt, True, grammar), model, "tools")
-    jobs = [Job(job.prompt_ids, dataclasses.replace(job.params, grammar=grammar)) for job in work.jobs]
-    return Work(jobs, work.prompt_tokens, ToolUse(fmt, tuple(t.name for t in tools)))
+    return dataclasses.replace(work, shape=shape)
 
 
 async def ollama_generate_work(req: GenerateRequest, model: SeatModel, default_max: int) -> Work:
@@ -313,12 +350,15 @@ async def ollama_generate_work(req: GenerateRequest, model: SeatModel, default_m
         turns = ([{"role": "system", "content": req.system}] if req.system else []) + [
             {"role": "user", "content": req.prompt or ""}
         ]
-        ids = await asyncio.to_thread(tok.encode_chat, turns, True)
+        ids = await asyncio.to_thread(tok.encode_chat, turns, True, None, req.think)
     ids = list(req.context or []) + ids
     check_ids(ids, model.llm.model_config.vocab_size)
+    shape = answer_shape(model, ids, None, req.think is not False and not req.raw)
     grammar = await checked(ollama_format_grammar(req.format), model, "format")
+    grammar = await answer_after_thinking(grammar, shape, model)
     top = _ollama_top(req.logprobs, req.top_logprobs)
-    return limits.work(ids[-limits.prompt :], req.options, top, grammar)
+    work = limits.work(ids[-limits.prompt :], req.options, top, grammar)
+    return dataclasses.replace(work, shape=shape)
 
 
 async def ollama_embed_ids(req: EmbedRequest, model: SeatModel) -> list[list[int]]:

@@ -13,20 +13,28 @@ Message = dict[str, Any]
 
 
 def chat_prompt_ids(
-    tokenizer: ChatTokenizer, messages: Sequence[Message], tools: Sequence[Tool] | None = None
+    tokenizer: ChatTokenizer,
+    messages: Sequence[Message],
+    tools: Sequence[Tool] | None = None,
+    thinking: bool | None = None,
 ) -> list[int]:
-    """The messages (and tools) rendered with the model's chat template, ready for the assistant's turn."""
-    return tokenizer.encode_chat(list(messages), add_generation_prompt=True, tools=tools)
+    """The messages (and tools) rendered with the model's chat template, ready for the assistant's
+    turn (``thinking``: a reasoning model's switch, None for its default)."""
+    return tokenizer.encode_chat(list(messages), add_generation_prompt=True, tools=tools, thinking=thinking)
 
 
 def fit_messages(
-    tokenizer: ChatTokenizer, messages: Sequence[Message], limit: int, tools: Sequence[Tool] | None = None
+    tokenizer: ChatTokenizer,
+    messages: Sequence[Message],
+    limit: int,
+    tools: Sequence[Tool] | None = None,
+    thinking: bool | None = None,
 ) -> tuple[list[int], bool]:
     """Ollama's truncation: drop the oldest turns (system messages kept, the last message always kept)
     until the rendered prompt has at most ``limit`` tokens; if even that is too long, keep the prompt's
     last ``limit`` tokens. Returns (token ids, whether anything was cut)."""
     kept = list(messages)
-    ids = chat_prompt_ids(tokenizer, kept, tools)
+    ids = chat_prompt_ids(tokenizer, kept, tools, thinking)
     cut = False
     while len(ids) > limit:
         droppable = [i for i, m in enumerate(kept[:-1]) if m.get("role") != "system"]
@@ -34,7 +42,7 @@ def fit_messages(
             return ids[-limit:], True
         del kept[droppable[0]]
         cut = True
-        ids = chat_prompt_ids(tokenizer, kept, tools)
+        ids = chat_prompt_ids(tokenizer, kept, tools, thinking)
     return ids, cut
 
 

@@ -195,3 +195,41 @@ def test_ollama_bad_format_is_a_400(seat):
         json={**base, "format": {"type": "object", "properties": {"a": {"$ref": "#/x"}}}},
     )
     assert r.status_code == 400 and "format" in r.json()["error"]
+
+
+class City(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    city: Annotated[str, Field(max_length=24)]
+    country: Annotated[str, Field(max_length=24)]
+    population_millions: Annotated[int, Field(ge=0, le=40)]
+
+
+@pytest.mark.smollm2
+def test_smollm2_parse_gives_a_parsed_object_on_50_prompts(tmp_path):
+    from nxctl.server.app import create_app
+    from nxctl.server.settings import SeatSettings
+    from nxctl.server.uvicorn_seat import BackgroundSeat
+
+    places = ["France", "Japan", "Brazil", "Kenya", "Canada", "India", "Peru", "Norway", "Egypt", "Chile"]
+    settings = SeatSettings(
+        models=("smollm2",), num_kv_blocks=256, dlq_path=tmp_path / "d.sqlite", log_requests=False
+    )
+    with BackgroundSeat(create_app(settings)) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+        def ask(i: int):
+            question = (
+                f"Name a big city in {places[i % 10]} (answer {i // 10 + 1}), its country and population."
+            )
+            r = client.chat.completions.parse(
+                model="smollm2",
+                messages=[{"role": "user", "content": question}],
+                response_format=City,
+                max_tokens=80,
+                temperature=0.7,
+                seed=i,
+            )
+            return r.choices[0].message.parsed
+
+        parsed = _all(ask, range(50))
+    assert len(parsed) == 50 and all(isinstance(p, City) for p in parsed)
