@@ -29,7 +29,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import Sequence, Status
 from engine.snapshot import EngineCounters, EngineSnapshot, RequestView
-from engine.structured import GrammarCompiler, GrammarMatcher, MaskWorker
+from engine.structured import GrammarCompiler, GrammarMatcher, MaskWorker, TokenMask
 
 
 def rows_of(sampled: list[tuple[Sequence, int]]) -> list[int]:
@@ -234,18 +234,18 @@ class Engine:
         ]
 
     def _collect_masks(
-        self, seqs: list[Sequence], pending: Future[tuple[torch.Tensor, float]] | None
-    ) -> dict[int, torch.Tensor]:
-        """The masks the worker filled, by id of their request ([vocab] bool each); counted."""
+        self, seqs: list[Sequence], pending: Future[tuple[list[TokenMask], float]] | None
+    ) -> dict[int, TokenMask]:
+        """The masks the worker filled, by id of their request; counted."""
         if pending is None:
             return {}
         waited = time.perf_counter()
-        forbidden, seconds = pending.result()
+        masks, seconds = pending.result()
         st = self._stats
         st.grammar_wait_seconds += time.perf_counter() - waited if self._masks.overlap else seconds
         st.grammar_mask_seconds += seconds
         st.grammar_masks += len(seqs)
-        return {id(seq): row for seq, row in zip(seqs, forbidden, strict=True)}
+        return {id(seq): mask for seq, mask in zip(seqs, masks, strict=True)}
 
     def _count(self, out: SchedulerOutput) -> None:
         st = self._stats

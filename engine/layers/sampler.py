@@ -16,6 +16,7 @@ import torch
 
 from engine import kernels
 from engine.sampling_params import SamplingParams
+from engine.structured.masks import TokenMask, forbidden_rows
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ class SampleRequest:
     generator: torch.Generator
     prompt: list[int]
     output: list[int]
-    forbidden: torch.Tensor | None = None  # [vocab] bool: the tokens its grammar forbids next (None: none)
+    mask: TokenMask | None = None  # the tokens its grammar allows next (None: all)
 
 
 def sample_batch(logits: torch.Tensor, requests: list[SampleRequest]) -> list[Sample | Exception]:
@@ -116,7 +117,7 @@ def sample_batch(logits: torch.Tensor, requests: list[SampleRequest]) -> list[Sa
                     request.output,
                     logprobs=logprobs[row],
                     greedy_token=argmax[row] if plain_greedy else None,
-                    forbidden=request.forbidden,
+                    forbidden=request.mask.forbidden() if request.mask is not None else None,
                 )
             )
         except Exception as exc:  # noqa: BLE001 - one request's failure must not take down the batch
@@ -125,16 +126,21 @@ def sample_batch(logits: torch.Tensor, requests: list[SampleRequest]) -> list[Sa
 
 
 def _masked_argmax(logits: torch.Tensor, requests: list[SampleRequest], argmax: list[int]) -> None:
-    """For greedy rows that only a grammar mask reshapes, their argmax among the allowed tokens, in
-    one call for all of them (written into ``argmax``; an argmax is exact, row by row)."""
+    """For greedy rows that only a grammar mask reshapes, their argmax among the allowed tokens
+    (written into ``argmax``): the plain argmax when the grammar allows it (one bit test), else one
+    masked argmax call for all the others (an argmax is exact, row by row)."""
     rows = [
         i
         for i, r in enumerate(requests)
-        if r.forbidden is not None and r.params.greedy and not r.params.shapes_logits
+        if r.mask is not None
+        and r.params.greedy
+        and not r.params.shapes_logits
+        and not r.mask.allows(argmax[i])
     ]
     if not rows:
         return
-    forbidden = torch.stack([cast("torch.Tensor", requests[i].forbidden) for i in rows])  # [G, vocab] bool
+    masks = [cast("TokenMask", requests[i].mask) for i in rows]
+    forbidden = forbidden_rows(torch.stack([m.bits for m in masks]), masks[0].vocab_size)  # [G, vocab]
     masked = logits[rows].masked_fill_(forbidden, float("-inf"))  # [G, vocab], a copy of the rows
     for i, token in zip(rows, torch.argmax(masked, dim=-1).tolist(), strict=True):
         argmax[i] = token

@@ -7,7 +7,15 @@ over one model's tokenizer; ``MaskWorker`` fills the step's masks, overlapped wi
 
 from engine.structured.compiler import GrammarCompiler
 from engine.structured.grammar import Grammar, GrammarKind
-from engine.structured.masks import MaskWorker, forbidden_rows
+from engine.structured.masks import MaskWorker, TokenMask, forbidden_rows
 from engine.structured.matcher import GrammarMatcher
 
-__all__ = ["Grammar", "GrammarCompiler", "GrammarKind", "GrammarMatcher", "MaskWorker", "forbidden_rows"]
+__all__ = [
+    "Grammar",
+    "GrammarCompiler",
+    "GrammarKind",
+    "GrammarMatcher",
+    "MaskWorker",
+    "TokenMask",
+    "forbidden_rows",
+]

@@ -6,6 +6,7 @@ import os
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -32,6 +33,22 @@ def spare_core() -> bool:
     return (os.cpu_count() or 1) > torch.get_num_threads()
 
 
+@dataclass(frozen=True)
+class TokenMask:
+    """One request's allowed next tokens, packed: ``bits`` [words] int32, bit t set = token t allowed.
+    Unpacked only when needed: a greedy choice the grammar allows anyway needs one bit test."""
+
+    bits: torch.Tensor
+    vocab_size: int
+
+    def allows(self, token: int) -> bool:
+        return bool((int(self.bits[token // WORD_BITS]) >> (token % WORD_BITS)) & 1)
+
+    def forbidden(self) -> torch.Tensor:
+        """[vocab] bool, True where the token is not allowed."""
+        return forbidden_rows(self.bits.unsqueeze(0), self.vocab_size)[0]
+
+
 class MaskWorker:
     """Fills the masks of the requests about to sample: on one background thread when a core is
     spare, so the work hides behind the step's forward (llguidance drops the GIL); else inline, at
@@ -41,13 +58,13 @@ class MaskWorker:
         self.overlap = spare_core() if overlap is None else overlap
         self._pool: ThreadPoolExecutor | None = None
 
-    def start(self, matchers: list[GrammarMatcher]) -> Future[tuple[torch.Tensor, float]] | None:
-        """Begin filling one mask row per matcher (in order): the future's result is the masks
-        [len(matchers), vocab] bool (True = forbidden) and the seconds the filling took. None when there are none."""
+    def start(self, matchers: list[GrammarMatcher]) -> Future[tuple[list[TokenMask], float]] | None:
+        """Begin filling one mask per matcher (in order): the future's result is the masks and the
+        seconds the filling took. None when there are none."""
         if not matchers:
             return None
         if not self.overlap:
-            done: Future[tuple[torch.Tensor, float]] = Future()
+            done: Future[tuple[list[TokenMask], float]] = Future()
             done.set_result(_fill(matchers))
             return done
         if self._pool is None:
@@ -60,11 +77,11 @@ class MaskWorker:
             self._pool = None
 
 
-def _fill(matchers: list[GrammarMatcher]) -> tuple[torch.Tensor, float]:
-    """[len(matchers), vocab] bool: each matcher's forbidden next tokens; and the seconds it took."""
+def _fill(matchers: list[GrammarMatcher]) -> tuple[list[TokenMask], float]:
+    """Each matcher's allowed next tokens; and the seconds it took."""
     began = time.perf_counter()
     vocab = matchers[0].vocab_size
     bitmask = torch.zeros(len(matchers), mask_words(vocab), dtype=torch.int32)  # [R, words]
     for row, matcher in enumerate(matchers):
         matcher.fill(bitmask[row])
-    return forbidden_rows(bitmask, vocab), time.perf_counter() - began
+    return [TokenMask(row, vocab) for row in bitmask], time.perf_counter() - began
