@@ -194,7 +194,8 @@ class Engine:
         if not out.scheduled:
             return []
         self._count(out)
-        # the grammar masks of the requests about to sample are filled while the forward runs
+        # the grammar masks of the requests about to sample: filled during the forward when a core is
+        # spare, else now (engine/structured/masks.py)
         constrained = self._constrained_samplers(out)
         pending = self._masks.start([matcher for _, matcher in constrained])
         logits, rows = self._runner.run(out)

@@ -52,11 +52,10 @@ def apply_bias_and_mask(
 ) -> torch.Tensor:
     """The request's logit bias added, then every token its grammar forbids at -inf.
     logits: [vocab] float32; forbidden: [vocab] bool (True = not allowed next) or None -> [vocab]."""
-    if params.logit_bias:
+    if params.logit_bias:  # ids below the vocabulary size (Engine.add_request checks them)
         logits = logits.clone()
-        ids = torch.tensor([t for t, _ in params.logit_bias if t < logits.shape[0]], dtype=torch.long)
-        bias = torch.tensor([b for t, b in params.logit_bias if t < logits.shape[0]], dtype=logits.dtype)
-        logits[ids] += bias
+        ids = torch.tensor([t for t, _ in params.logit_bias], dtype=torch.long)
+        logits[ids] += torch.tensor([b for _, b in params.logit_bias], dtype=logits.dtype)
     if forbidden is not None:
         logits = logits.masked_fill(forbidden, float("-inf"))
     return logits

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from engine.held_text import held_back
 from engine.structured.grammar import Grammar
 
 OPEN = "<think>"
@@ -64,7 +65,7 @@ class ReasoningStream:
                     reasoning += self.held[:end].rstrip("\n")
                     self.held, self.state, self.trim = self.held[end + len(CLOSE) :], "answering", True
                     continue
-                keep = _tag_prefix(self.held, CLOSE)
+                keep = held_back(self.held, (CLOSE,))
                 reasoning += self.held[: len(self.held) - keep]
                 self.held = self.held[len(self.held) - keep :]
                 return reasoning, content
@@ -79,13 +80,6 @@ class ReasoningStream:
         """Whatever is held, at the end: thinking if cut while thinking, else content."""
         held, self.held = self.held, ""
         return (held, "") if self.state == "thinking" else ("", held)
-
-
-def _tag_prefix(text: str, tag: str) -> int:
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0
 
 
 def after_thinking(answer: Grammar, budget: int, opened: bool = False) -> Grammar:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import InvalidRequestError
+from engine.held_text import held_back
 from engine.structured.grammar import JSON_LAYOUT, Grammar
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -210,7 +211,7 @@ class ToolCallStream:
         while True:
             opener = self._held.find(self.fmt.open.strip())
             if opener < 0:
-                keep = _partial_suffix(self._held, self.fmt.open.strip())
+                keep = held_back(self._held, (self.fmt.open.strip(),))
                 out += self._held[: len(self._held) - keep]
                 self._held = self._held[len(self._held) - keep :]
                 break
@@ -235,11 +236,3 @@ class ToolCallStream:
             self.calls += calls
             return ("", calls) if calls else (held, [])
         return held, []
-
-
-def _partial_suffix(text: str, marker: str) -> int:
-    """The length of the longest end of ``text`` that begins ``marker`` (text that may yet become it)."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0

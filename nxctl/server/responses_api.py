@@ -49,10 +49,11 @@ async def responses(request: Request) -> Response:
     """One response: typed SSE events when ``stream``, else the response object."""
     seat, arrival = seat_of(request), time.perf_counter()
     req = await parse_body(request, ResponsesRequest)
+    chat = req.as_chat()  # checked before the model is leased
     lease = seat.lease(req.model)
     async with lease as model:
         try:
-            work = await chat_work(req.as_chat(), model, seat.settings.default_max_tokens)
+            work = await chat_work(chat, model, seat.settings.default_max_tokens)
         except APIError as err:
             raise in_responses_terms(err) from err
         gen = submit(request, model, work, "resp", arrival, req.user)

@@ -80,7 +80,8 @@ class ResponsesRequest(Strict):
     user: str | None = None
 
     def check(self) -> None:
-        """400 for unknown or unsupported fields, and for a previous_response_id (nothing is stored)."""
+        """400 for unknown or unsupported fields, and for a previous_response_id (nothing is stored);
+        the rest is checked as a chat request (``as_chat``)."""
         self.reject_extras()
         if self.previous_response_id is not None:
             raise bad_request(
@@ -88,10 +89,6 @@ class ResponsesRequest(Strict):
                 "send the whole conversation as input instead",
                 param="previous_response_id",
             )
-        try:
-            self.as_chat()
-        except APIError as err:
-            raise in_responses_terms(err) from err
 
     def messages(self) -> list[dict[str, Any]]:
         """``instructions`` and ``input`` as chat messages (calls joined to the assistant turn before)."""
@@ -161,7 +158,13 @@ class ResponsesRequest(Strict):
         }
 
     def as_chat(self) -> ChatCompletionRequest:
-        """The same request as a chat completion (its checks raise 400s naming the chat fields)."""
+        """The same request as a chat completion; its 400s name the Responses API's fields."""
+        try:
+            return self._as_chat()
+        except APIError as err:
+            raise in_responses_terms(err) from err
+
+    def _as_chat(self) -> ChatCompletionRequest:
         body: dict[str, Any] = {
             "model": self.model,
             "messages": self.messages(),

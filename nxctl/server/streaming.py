@@ -9,21 +9,12 @@ exact and the rest is released.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from engine.held_text import held_back
 from engine.outputs import FinishReason, RequestOutput
 
-
-def held_back(text: str, stops: Sequence[str]) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of some stop string."""
-    longest = 0
-    for stop in stops:
-        for size in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:size]):
-                longest = size
-                break
-    return longest
+__all__ = ["ChoiceStream", "Delta", "held_back"]
 
 
 @dataclass

@@ -24,7 +24,7 @@ from engine.loader.ollama_store import PARAMETER_NAMES
 from engine.sampling_params import SamplingParams
 from engine.structured import Grammar
 from engine.structured.reasoning import after_thinking, opens_thinking
-from engine.structured.tools import tool_format_of
+from engine.structured.tools import Tool, tool_format_of
 from nxctl.server.answer_reader import AnswerShape
 from nxctl.server.api_errors import bad_request
 from nxctl.server.host import SeatModel
@@ -159,18 +159,25 @@ async def chat_work(req: ChatCompletionRequest, model: SeatModel, default_max: i
     except InvalidRequestError as exc:
         raise bad_request(str(exc), param="messages") from exc
     top = (req.top_logprobs or 0) if req.logprobs else None
-    grammar = await openai_grammar(req, model)
-    tool_use = None
-    if choice != "none":
-        fmt = tool_format_of(model.tokenizer.chat_template)
-        parallel = req.parallel_tool_calls is not False
-        grammar = await checked(tools_grammar(tools, choice, fmt, parallel, grammar), model, "tools")
-        tool_use = ToolUse(fmt, tuple(t.name for t in tools))
+    parallel = req.parallel_tool_calls is not False
+    grammar, tool_use = await with_tools(tools, choice, parallel, await openai_grammar(req, model), model)
     shape = answer_shape(model, ids, tool_use, thinking is not False)
     grammar = await answer_after_thinking(grammar, shape, model)
     vocab = model.llm.model_config.vocab_size
     params = openai_params(req, len(ids), model.context_tokens, default_max, top, grammar, vocab)
     return Work([Job(ids, p) for p in params], len(ids), shape)
+
+
+async def with_tools(
+    tools: list[Tool], choice: str, parallel: bool, grammar: Grammar | None, model: SeatModel
+) -> tuple[Grammar | None, ToolUse | None]:
+    """With tools the model may call (``choice`` not "none"): the grammar of the choice (an "auto"
+    answer in text still under ``grammar``) and how to read the calls back; else ``grammar`` alone."""
+    if choice == "none" or not tools:
+        return grammar, None
+    fmt = tool_format_of(model.tokenizer.chat_template)
+    grammar = await checked(tools_grammar(tools, choice, fmt, parallel, grammar), model, "tools")
+    return grammar, ToolUse(fmt, tuple(t.name for t in tools))
 
 
 def answer_shape(model: SeatModel, ids: list[int], tool_use: ToolUse | None, thinking: bool) -> AnswerShape:
@@ -328,11 +335,8 @@ async def ollama_chat_work(req: ChatRequest, model: SeatModel, default_max: int)
     except InvalidRequestError as exc:
         raise bad_request(str(exc), param="messages") from exc
     grammar = await checked(ollama_format_grammar(req.format), model, "format")
-    tool_use = None
-    if tools:
-        fmt = tool_format_of(tok.chat_template)  # the model chooses: OpenAI's "auto"
-        grammar = await checked(tools_grammar(tools, "auto", fmt, True, grammar), model, "tools")
-        tool_use = ToolUse(fmt, tuple(t.name for t in tools))
+    # the model chooses whether to call, as with OpenAI's "auto"
+    grammar, tool_use = await with_tools(tools, "auto", True, grammar, model)
     shape = answer_shape(model, ids, tool_use, req.think is not False)
     grammar = await answer_after_thinking(grammar, shape, model)
     work = limits.work(ids, req.options, _ollama_top(req.logprobs, req.top_logprobs), grammar)

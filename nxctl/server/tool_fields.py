@@ -93,7 +93,4 @@ def tools_grammar(
     """The grammar of an answer under ``choice``: calls matching the tools' schemas, or (auto) text or
     an answer under the response format's schema."""
     schema = json.loads(answer.source) if answer is not None and answer.kind == "json_schema" else None
-    try:
-        return tool_grammar(tools, choice, fmt, parallel, schema)
-    except InvalidRequestError as exc:
-        raise bad_request(str(exc), param="tool_choice") from exc
+    return tool_grammar(tools, choice, fmt, parallel, schema)  # tool_choice_of has checked the choice
