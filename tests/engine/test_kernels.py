@@ -58,10 +58,18 @@ def test_every_instruction_set_and_thread_count_gives_the_same_bits(dtype):
                 results.append(_call(isa, "rms_norm", x, 1e-5))
                 results.append(_call(isa, "softmax", x * 10, True))
                 results.append(_call(isa, "silu_mul", x))
+                # one and two rows take panels side by side (linear_tile_wide): the same chains
+                results.append(
+                    torch.cat([_call(isa, "linear", x[i : i + 1], packed, 200) for i in range(13)])
+                )
+                results.append(
+                    torch.cat([_call(isa, "linear", x[i : i + 2], packed, 200)[:1] for i in range(13)])
+                )
     finally:
         torch.set_num_threads(threads)
-    for other in range(4, len(results)):
-        assert torch.equal(results[other], results[other % 4])
+    for other in range(6, len(results)):
+        assert torch.equal(results[other], results[other % 6])
+    assert torch.equal(results[4], results[0]) and torch.equal(results[5], results[0])
 
 
 def test_row_wise_kernels_match_torch_and_ignore_neighbours():
