@@ -8,6 +8,7 @@ import torch
 
 from engine.errors import InvalidRequestError, UnsupportedModelError
 from engine.mux.registry import QUANTIZE_MODES
+from engine.spec.config import SpecConfig
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 ROPE_SCALINGS = ("linear", "llama3", "divisors")
@@ -164,6 +165,10 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     prefill_chunk: int = 256
     enable_prefix_caching: bool = True
+    speculative: str | None = None  # "ngram" | "draft" (engine/spec); None: off
+    num_speculative_tokens: int = 8
+    draft_model: str | None = None
+    spec_max_batch: int = 4
 
     def __post_init__(self) -> None:
         parse_dtype(self.dtype)
@@ -185,6 +190,14 @@ class EngineConfig:
             raise InvalidRequestError(f"threads must be >= 1, got {self.threads}")
         if self.prefill_chunk % self.block_size:
             raise InvalidRequestError("prefill_chunk must be a multiple of block_size")
+        self.spec  # noqa: B018 - checks the speculative settings
+
+    @property
+    def spec(self) -> SpecConfig:
+        """The speculative decoding settings (checked)."""
+        return SpecConfig(
+            self.speculative, self.num_speculative_tokens, self.draft_model, max_batch=self.spec_max_batch
+        )
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -29,6 +29,9 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import Sequence, Status
 from engine.snapshot import EngineCounters, EngineSnapshot, RequestView
+from engine.spec.adaptive import SpecBackoff
+from engine.spec.proposers import Proposer, make_proposer
+from engine.spec.verifier import VerifyFaults, verify_run
 from engine.structured import GrammarCompiler, GrammarMatcher, MaskWorker, TokenMask
 
 
@@ -76,6 +79,9 @@ class Engine:
         self.stop_token_ids = frozenset(loaded.tokenizer.stop_token_ids)
         self.grammars = GrammarCompiler(loaded.tokenizer, loaded.config.vocab_size)
         self._masks = MaskWorker()
+        self._spec = config.spec
+        self._proposer: Proposer | None = make_proposer(self._spec, loaded, config)
+        self._verify_faults = VerifyFaults()
 
     @property
     def capacity_tokens(self) -> int:
@@ -190,7 +196,9 @@ class Engine:
 
     def step(self) -> list[RequestOutput]:
         """Run one batched forward over the scheduled requests; return outputs of those that advanced."""
+        self._propose()
         out = self._scheduler.schedule()
+        self._forget_drafts(out.preempted)
         if not out.scheduled:
             return []
         self._count(out)
@@ -201,7 +209,11 @@ class Engine:
         logits, rows = self._runner.run(out)
         masks = self._collect_masks([seq for seq, _ in constrained], pending)
         now = time.perf_counter()
-        sampled = [(item.seq, row) for item, row in zip(out.scheduled, rows, strict=True) if row is not None]
+        sampled = [
+            (item.seq, row)
+            for item, row in zip(out.scheduled, rows, strict=True)
+            if row is not None and not item.seq.draft_token_ids
+        ]
         picked = rows_of(sampled)  # one batched sampling call for the step's sampled rows
         requests = [
             SampleRequest(s.params, s.generator, s.prompt_token_ids, s.output_token_ids, masks.get(id(s)))
@@ -211,6 +223,9 @@ class Engine:
         results: list[RequestOutput] = []
         for item, row in zip(out.scheduled, rows, strict=True):
             seq = item.seq
+            if seq.draft_token_ids and row is not None:
+                results.append(self._verify(seq, logits, row, now))
+                continue
             seq.num_computed_tokens += item.num_new_tokens
             self._scheduler.register_computed(seq)
             self._scheduler.charge(seq, item.num_new_tokens, row is not None)
@@ -223,6 +238,75 @@ class Engine:
                 self._finish(seq, "error")
             results.append(self._output(seq))
         return results
+
+    def _propose(self) -> None:
+        """Before scheduling: proposals for the running requests about to decode (mutates their
+        ``draft_token_ids``). None while more requests decode than ``spec_max_batch``, for requests
+        with a grammar, and for requests their back-off pauses; never past max_tokens or the context."""
+        if self._proposer is None:
+            return
+        decoding = [s for s in self._scheduler.running if s.is_decoding]
+        for seq in decoding:
+            seq.draft_token_ids = []
+        if len(decoding) > self._spec.max_batch:
+            return
+        wanted: list[tuple[Sequence, int]] = []
+        for seq in decoding:
+            if seq.matcher is not None:
+                continue
+            if seq.backoff is None:
+                seq.backoff = SpecBackoff(self._spec.num_tokens)
+            room = min(
+                seq.params.max_tokens - len(seq.output_token_ids), seq.max_total_tokens - seq.num_tokens
+            )
+            n = min(seq.backoff.wants(), room - 1)
+            if n > 0:
+                wanted.append((seq, n))
+        if wanted:
+            for (seq, n), proposal in zip(wanted, self._proposer.propose(wanted), strict=True):
+                seq.draft_token_ids = proposal[:n]
+
+    def _forget_drafts(self, seqs: list[Sequence]) -> None:
+        if self._proposer is not None:
+            for seq in seqs:
+                self._proposer.forget(seq)
+
+    def _verify(self, seq: Sequence, logits: torch.Tensor, row: int, now: float) -> RequestOutput:
+        """Verify a speculating request's step (engine/spec/verifier.py): rows ``row - k .. row`` of
+        ``logits`` follow its last token and its k proposals. Emits the tokens the plain path would
+        (mutates), keeps the K/V of the rows that hold real tokens and gives back the rest."""
+        proposals, seq.draft_token_ids = seq.draft_token_ids, []
+        start, first = seq.num_computed_tokens, row - len(proposals)
+
+        def sample_row(i: int) -> Sample:
+            seq.num_computed_tokens = start + i + 1  # rows 0..i hold real tokens
+            self._scheduler.register_computed(seq)
+            request = SampleRequest(seq.params, seq.generator, seq.prompt_token_ids, seq.output_token_ids)
+            choice = sample_batch(logits[first + i : first + i + 1], [request])[0]
+            if isinstance(choice, Exception):
+                raise choice
+            return choice
+
+        def emit(choice: Sample) -> bool:
+            self._append_token(seq, choice, now)
+            return seq.finished
+
+        try:
+            verdict = verify_run(proposals, sample_row, emit, self._verify_faults)
+        except Exception as exc:  # noqa: BLE001 - one request's failure must not take down the batch
+            seq.error = f"{type(exc).__name__}: {exc}"
+            self._finish(seq, "error")
+            return self._output(seq)
+        self._scheduler.charge(seq, verdict.valid_rows, True)
+        self._stats.count_verified(len(proposals), verdict.accepted)
+        if seq.backoff is not None:
+            seq.backoff.record(len(proposals), verdict.accepted)
+        if not seq.finished:
+            seq.num_computed_tokens = start + verdict.valid_rows
+            self._scheduler.trim(seq)
+            assert self._proposer is not None
+            self._proposer.verified(seq)
+        return self._output(seq)
 
     def _constrained_samplers(self, out: SchedulerOutput) -> list[tuple[Sequence, GrammarMatcher]]:
         """The step's requests that have a grammar and sample a token at its end."""
@@ -312,7 +396,9 @@ class Engine:
         seq.finish_reason = reason
         seq.status = Status.FINISHED
         seq.finish_time = time.perf_counter()
+        seq.draft_token_ids = []
         self._scheduler.remove(seq)
+        self._forget_drafts([seq])
 
     def _output(self, seq: Sequence) -> RequestOutput:
         return RequestOutput(

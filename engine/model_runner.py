@@ -1,6 +1,8 @@
-"""Turns a SchedulerOutput into one ForwardBatch and runs it: the only place rows are laid out."""
+"""Turns a step's work into one ForwardBatch and runs it: the only place rows are laid out."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -9,14 +11,71 @@ from engine.models.llama import AttentionGroup, ForwardBatch, PagedLlama
 from engine.scheduler import SchedulerOutput
 
 
+@dataclass(frozen=True)
+class RowSpan:
+    """One request's rows in a forward: ``tokens`` at positions ``start ..``, K/V written through
+    ``block_table``; the last ``sampled`` rows have their logits returned (0: none)."""
+
+    tokens: list[int]
+    start: int
+    block_table: list[int]
+    sampled: int
+
+
 def _block_tables(tables: list[list[int]], device: torch.device) -> torch.Tensor:
     """Pad block tables to the longest with block 0 (its keys are masked): [R, nb] long."""
     width = max(len(t) for t in tables)
     return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long, device=device)
 
 
+def lay_out(spans: list[RowSpan], block_size: int, device: torch.device) -> tuple[ForwardBatch, list[int]]:
+    """Rows as [one-row spans | the rows of each longer span], and per span (in ``spans`` order) the
+    index in the returned logits of its last sampled row (-1 when it samples none); a span's sampled
+    rows are consecutive there."""
+    order = [i for i, s in enumerate(spans) if len(s.tokens) == 1] + [
+        i for i, s in enumerate(spans) if len(s.tokens) > 1
+    ]
+    singles = sum(len(spans[i].tokens) == 1 for i in order)
+    tokens: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    sample_rows: list[int] = []
+    last_sampled = [-1] * len(spans)
+    groups: list[AttentionGroup] = []
+    for i in order:
+        span = spans[i]
+        n, row0 = len(span.tokens), len(tokens)
+        where = range(span.start, span.start + n)
+        tokens.extend(span.tokens)
+        positions.extend(where)
+        slots.extend(span.block_table[p // block_size] * block_size + p % block_size for p in where)
+        if span.sampled:
+            sample_rows.extend(range(row0 + n - span.sampled, row0 + n))
+            last_sampled[i] = len(sample_rows) - 1
+        if n > 1:
+            pos = torch.arange(span.start, span.start + n, device=device)[None, :]
+            groups.append(AttentionGroup(row0, 1, n, _block_tables([span.block_table], device), pos))
+    if singles:
+        firsts = [spans[i] for i in order[:singles]]
+        pos = torch.tensor([[s.start] for s in firsts], dtype=torch.long, device=device)
+        groups.insert(
+            0, AttentionGroup(0, singles, 1, _block_tables([s.block_table for s in firsts], device), pos)
+        )
+    owners = [k for k, i in enumerate(order) for _ in spans[i].tokens]
+    batch = ForwardBatch(
+        tables=_block_tables([spans[i].block_table for i in order], device),
+        owners=torch.tensor(owners, dtype=torch.long, device=device),
+        token_ids=torch.tensor(tokens, dtype=torch.long, device=device),
+        positions=torch.tensor(positions, dtype=torch.long, device=device),
+        slots=torch.tensor(slots, dtype=torch.long, device=device),
+        groups=groups,
+        sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=device),
+    )
+    return batch, last_sampled
+
+
 class ModelRunner:
-    """Lays out a step's rows as [decode rows | chunk rows of each prefilling request] and runs the model."""
+    """Lays out a step's rows (``lay_out``) and runs the model."""
 
     def __init__(self, model: PagedLlama, kv: KVCache):
         self.model = model
@@ -25,54 +84,18 @@ class ModelRunner:
 
     def build(self, out: SchedulerOutput) -> tuple[ForwardBatch, list[int | None]]:
         """The step's ForwardBatch, and per scheduled request (in ``out.scheduled`` order) the index of
-        its row in the returned logits, or None when this step does not reach the end of its tokens."""
-        device = self.model.device
-        decodes = [s for s in out.scheduled if s.num_new_tokens == 1]
-        chunks = [s for s in out.scheduled if s.num_new_tokens > 1]
-        ordered = decodes + chunks
-        tokens: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        groups: list[AttentionGroup] = []
-        sample_rows: list[int] = []
-        sample_of: dict[int, int] = {}
-        for item in ordered:
+        its row in the returned logits, or None when this step does not reach the end of its tokens.
+        A request verifying k proposals (engine/spec) forwards its last token and the proposals as
+        k + 1 rows, all of them sampled: its logits rows are index - k .. index."""
+        spans = []
+        for item in out.scheduled:
             seq, start = item.seq, item.seq.num_computed_tokens
-            span = range(start, start + item.num_new_tokens)
-            all_ids = seq.all_token_ids
-            row0 = len(tokens)
-            tokens.extend(all_ids[p] for p in span)
-            positions.extend(span)
-            slots.extend(
-                seq.block_table[p // self.block_size] * self.block_size + p % self.block_size for p in span
-            )
-            if start + item.num_new_tokens == seq.num_tokens:
-                sample_of[id(seq)] = len(sample_rows)
-                sample_rows.append(row0 + item.num_new_tokens - 1)
-        if decodes:
-            tables = _block_tables([d.seq.block_table for d in decodes], device)
-            pos = torch.tensor(
-                [[d.seq.num_computed_tokens] for d in decodes], dtype=torch.long, device=device
-            )
-            groups.append(AttentionGroup(0, len(decodes), 1, tables, pos))
-        row = len(decodes)
-        for item in chunks:
-            seq, n = item.seq, item.num_new_tokens
-            tables = _block_tables([seq.block_table], device)
-            pos = torch.arange(seq.num_computed_tokens, seq.num_computed_tokens + n, device=device)[None, :]
-            groups.append(AttentionGroup(row, 1, n, tables, pos))
-            row += n
-        owners = [i for i, item in enumerate(ordered) for _ in range(item.num_new_tokens)]
-        batch = ForwardBatch(
-            tables=_block_tables([item.seq.block_table for item in ordered], device),
-            owners=torch.tensor(owners, dtype=torch.long, device=device),
-            token_ids=torch.tensor(tokens, dtype=torch.long, device=device),
-            positions=torch.tensor(positions, dtype=torch.long, device=device),
-            slots=torch.tensor(slots, dtype=torch.long, device=device),
-            groups=groups,
-            sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=device),
-        )
-        return batch, [sample_of.get(id(s.seq)) for s in out.scheduled]
+            ids = seq.all_token_ids + seq.draft_token_ids
+            end = start + item.num_new_tokens
+            sampled = 1 + len(seq.draft_token_ids) if end == len(ids) else 0
+            spans.append(RowSpan(ids[start:end], start, seq.block_table, sampled))
+        batch, last = lay_out(spans, self.block_size, self.model.device)
+        return batch, [row if row >= 0 else None for row in last]
 
     def run(self, out: SchedulerOutput) -> tuple[torch.Tensor, list[int | None]]:
         """Forward the step; returns float32 logits [S, vocab] on the CPU and each request's row (or None)."""

@@ -102,6 +102,14 @@ class Scheduler:
         return (seq.priority, seq.admitted_seq)  # the least urgent, then the most recently admitted
 
     # ---- blocks -----------------------------------------------------------------------------
+    def trim(self, seq: Sequence) -> None:
+        """Give back the blocks past the request's tokens (mutates): after a verified step, those that
+        held only rejected proposals."""
+        keep = -(-seq.num_tokens // self.pool.block_size)
+        if len(seq.block_table) > keep:
+            self.pool.free(seq.block_table[keep:])
+            del seq.block_table[keep:]
+
     def _release(self, seq: Sequence) -> None:
         if seq.block_table:
             self.pool.free(seq.block_table)
@@ -111,6 +119,7 @@ class Scheduler:
         self.running.remove(seq)
         self._release(seq)
         seq.num_computed_tokens = 0
+        seq.draft_token_ids = []
         seq.num_preemptions += 1
         seq.status = Status.WAITING
         self.waiting.append(seq)
@@ -187,7 +196,10 @@ class Scheduler:
         for seq in decodes + prefills:
             if seq.status is not Status.RUNNING:
                 continue  # preempted earlier in this loop
-            num_new = 1 if seq.is_decoding else self._chunk(seq)
+            num_new = 1 + len(seq.draft_token_ids) if seq.is_decoding else self._chunk(seq)
+            if num_new > budget and seq.draft_token_ids:  # no room to verify: a plain decode
+                seq.draft_token_ids = []
+                num_new = 1
             if num_new > budget:
                 continue
             if not self._grow(seq, num_new, protected):

@@ -10,6 +10,7 @@ import torch
 from engine.loader.tokenizer import IncrementalDetokenizer
 from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
+from engine.spec.adaptive import SpecBackoff
 from engine.structured.matcher import GrammarMatcher
 
 
@@ -25,7 +26,9 @@ class Sequence:
 
     Invariants: ``num_computed_tokens <= num_tokens``; the block table covers every computed token;
     a finished request holds no blocks. ``num_tokens - num_computed_tokens`` tokens still need a
-    forward; when none remain after a step, the request samples its next token.
+    forward; when none remain after a step, the request samples its next token. Proposed tokens
+    (``draft_token_ids``) ride along in the step after the last token and are not counted in any of
+    these until the verifier accepts them.
     """
 
     request_id: str
@@ -55,6 +58,10 @@ class Sequence:
     finish_time: float | None = None
     token_times: list[float] = field(default_factory=list)
     matcher: GrammarMatcher | None = None  # its grammar's state, when it has one
+    # speculative decoding: this step's proposed tokens (forwarded after its last token, never part of
+    # the request until verified) and when it proposes (None: it never speculates)
+    draft_token_ids: list[int] = field(default_factory=list)
+    backoff: SpecBackoff | None = None
 
     def __post_init__(self) -> None:
         assert self.prompt_token_ids, "a request needs at least one prompt token"

@@ -56,6 +56,30 @@ class EngineCounters:
     grammar_masks: int = 0  # grammar masks filled (one per constrained request per sampled token)
     grammar_mask_seconds: float = 0.0  # time spent filling them, on the mask thread
     grammar_wait_seconds: float = 0.0  # of which the step waited for, after its forward (not hidden)
+    spec_drafts: int = 0  # speculative rounds verified (one per request per step that proposed)
+    spec_draft_tokens: int = 0  # tokens proposed in them
+    spec_accepted_tokens: int = 0  # proposed tokens the verifier accepted
+    spec_accepted_per_pos: tuple[int, ...] = ()  # [i]: rounds whose proposal i was accepted
+
+    def count_verified(self, proposed: int, accepted: int) -> None:
+        """Count one verified speculative round (mutates)."""
+        self.spec_drafts += 1
+        self.spec_draft_tokens += proposed
+        self.spec_accepted_tokens += accepted
+        per_pos = list(self.spec_accepted_per_pos) + [0] * max(0, accepted - len(self.spec_accepted_per_pos))
+        for i in range(accepted):
+            per_pos[i] += 1
+        self.spec_accepted_per_pos = tuple(per_pos)
+
+    @property
+    def spec_acceptance_rate(self) -> float | None:
+        """Accepted over proposed tokens (None before any proposal)."""
+        return self.spec_accepted_tokens / self.spec_draft_tokens if self.spec_draft_tokens else None
+
+    @property
+    def spec_mean_accepted_length(self) -> float | None:
+        """Tokens emitted per verified round: 1 + accepted proposals per round (vLLM's acceptance length)."""
+        return 1 + self.spec_accepted_tokens / self.spec_drafts if self.spec_drafts else None
 
 
 @dataclass(frozen=True)

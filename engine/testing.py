@@ -103,3 +103,26 @@ def fcfs_scheduling(engine: Engine) -> Iterator[None]:
         yield
     finally:
         engine._scheduler.fair = True
+
+
+@contextmanager
+def _verifier_fault(engine: Engine, **fault: bool) -> Iterator[None]:
+    from engine.spec.verifier import VerifyFaults
+
+    engine._verify_faults = VerifyFaults(**fault)
+    try:
+        yield
+    finally:
+        engine._verify_faults = VerifyFaults()
+
+
+def spec_accept_wrong(engine: Engine) -> AbstractContextManager[None]:
+    """While active, the speculative verifier accepts a proposal the target drew differently (a wrong
+    token emitted where the plain run has another): the speculative gate's first negative control."""
+    return _verifier_fault(engine, accept_wrong=True)
+
+
+def spec_keep_rejected_kv(engine: Engine) -> AbstractContextManager[None]:
+    """While active, a rejected proposal's row is kept as if it held the emitted token (its K/V and its
+    logits, computed after the wrong token): the speculative gate's second negative control."""
+    return _verifier_fault(engine, keep_rejected_kv=True)

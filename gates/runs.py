@@ -28,6 +28,13 @@ def run_solos(engine: Engine, work: Sequence[WorkloadRequest]) -> list[RequestOu
     return [run_solo(engine, r.prompt_token_ids, r.params) for r in work]
 
 
+def run_together(
+    engine: Engine, cases: Sequence[tuple[Sequence[int], SamplingParams]]
+) -> list[RequestOutput]:
+    """Every (prompt, params) added at once, in one continuous batch; outputs in case order."""
+    return drive(engine, [Arrival(prompt, params) for prompt, params in cases]).outputs()
+
+
 def run_schedule(engine: Engine, work: Sequence[WorkloadRequest]) -> list[RequestOutput]:
     """Every request added before its arrival step, stepped until all finish; outputs in workload order."""
     return drive(engine, [r.arrival() for r in work], clock="steps").outputs()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Sequence
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -28,7 +27,7 @@ from engine.structured import Grammar
 from engine.structured.tools import HERMES, LLAMA3, Tool, parse_tool_calls, tool_grammar
 from gates.framework import Gate, GateRun
 from gates.invariance_gate import gate_seed
-from gates.runs import run_solo, same
+from gates.runs import run_solo, run_together, same
 
 MODEL = "tiny"
 EMAIL = r"[a-z]{1,10}@[a-z]{2,8}\.(com|org|net)"
@@ -87,17 +86,6 @@ def _draw(rng: random.Random, vocab: int, n: int) -> list[tuple[str, list[int], 
     return cases
 
 
-def _run_batch(engine: Engine, cases: Sequence[tuple[list[int], SamplingParams]]) -> list[RequestOutput]:
-    """All at once, in one continuous batch; outputs in case order."""
-    ids = [engine.add_request(prompt, params) for prompt, params in cases]
-    finals: dict[str, RequestOutput] = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                finals[out.request_id] = out
-    return [finals[i] for i in ids]
-
-
 def _invalid_count(pair: tuple[list[str], list[RequestOutput]]) -> int:
     kinds, outs = pair
     return sum(not _valid(kind, out) for kind, out in zip(kinds, outs, strict=True))
@@ -124,7 +112,7 @@ def _tool_checks(run: GateRun, engine: Engine, rng: random.Random, seed: int) ->
             max_tokens=400, temperature=rng.choice([0.0, 1.0]), seed=rng.randrange(2**31), grammar=grammar
         )
         cases.append((fmt, choice, prompt, params))
-    outs = _run_batch(engine, [(prompt, params) for _, _, prompt, params in cases])
+    outs = run_together(engine, [(prompt, params) for _, _, prompt, params in cases])
     good = 0
     for (fmt, choice, _, _), out in zip(cases, outs, strict=True):
         _, calls = parse_tool_calls(out.text, fmt, list(models))
@@ -154,7 +142,7 @@ def _body(run: GateRun) -> None:
     engine = llm.engine
     cases = _draw(rng, llm.model_config.vocab_size, 24)
     kinds = [kind for kind, _, _ in cases]
-    outs = _run_batch(engine, [(prompt, params) for _, prompt, params in cases])
+    outs = run_together(engine, [(prompt, params) for _, prompt, params in cases])
     bad = _invalid_count((kinds, outs))
     run.check(
         "structured.valid",
@@ -176,7 +164,7 @@ def _body(run: GateRun) -> None:
     ]
     mixed = [(prompt, params) for _, prompt, params in cases[:12]] + free
     rng.shuffle(mixed)
-    together = _run_batch(engine, mixed)
+    together = run_together(engine, mixed)
     differ = sum(not same(run_solo(engine, p, sp), t) for (p, sp), t in zip(mixed, together, strict=True))
     run.check(
         "structured.invariance",
@@ -187,7 +175,7 @@ def _body(run: GateRun) -> None:
     )
     _tool_checks(run, engine, rng, seed)
     with testing.grammar_mask_off(engine):
-        unmasked = _run_batch(engine, [(prompt, params) for _, prompt, params in cases])
+        unmasked = run_together(engine, [(prompt, params) for _, prompt, params in cases])
     run.negative(
         "structured.neg.mask_off",
         _any_invalid,
