@@ -157,8 +157,7 @@ def make_workload(spec: WorkloadSpec, vocab_size: int, context: int) -> list[Wor
     arrival = 0.0
     requests = []
     for i in range(spec.num_requests):
-        if i and math.isfinite(spec.rate):
-            arrival += rng.expovariate(spec.rate)
+        arrival = _next_arrival(rng, spec, i, arrival)
         n_in = rng.randint(spec.input_len.low, spec.input_len.high)
         if spec.extremes and i < 2:
             n_in = (spec.input_len.low, spec.input_len.high)[i]
@@ -169,3 +168,26 @@ def make_workload(spec: WorkloadSpec, vocab_size: int, context: int) -> list[Wor
         params = _mixed_params(rng, n_out) if spec.sampling == "mixed" else _greedy(n_out)
         requests.append(WorkloadRequest(i, prompt, n_out, arrival, f"tenant-{tenant}", params))
     return requests
+
+
+def dataset_workload(rows: list[tuple[list[int], int]], spec: WorkloadSpec) -> list[WorkloadRequest]:
+    """``spec.num_requests`` requests over a fixed dataset's (prompt ids, max_tokens) rows, taken in
+    order and cycled; greedy, EOS honoured; arrivals and tenants drawn as in ``make_workload``."""
+    rng = random.Random(spec.seed)
+    weights = list(spec.tenant_weights) or [1.0] * spec.tenants
+    arrival = 0.0
+    requests = []
+    for i in range(spec.num_requests):
+        arrival = _next_arrival(rng, spec, i, arrival)
+        ids, max_tokens = rows[i % len(rows)]
+        tenant = f"tenant-{rng.choices(range(spec.tenants), weights)[0]}"
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        requests.append(WorkloadRequest(i, list(ids), max_tokens, arrival, tenant, params))
+    return requests
+
+
+def _next_arrival(rng: random.Random, spec: WorkloadSpec, index: int, last: float) -> float:
+    """Request ``index``'s arrival: 0 for the first, then Poisson gaps (none at an infinite rate)."""
+    if index and math.isfinite(spec.rate):
+        return last + rng.expovariate(spec.rate)
+    return last

@@ -16,6 +16,7 @@ GATE_MODULES: tuple[str, ...] = (
     "invariance_gate",
     "share_gate",
     "structured_gate",
+    "spec_gate",
     "mux_gate",
     "serve_gate",
     "census_gate",

@@ -19,8 +19,9 @@ import torch
 from engine.config import EngineConfig, ModelConfig, parse_dtype, resolve_device
 from engine.loader import LoadedModel, load_config, load_model, resolve_model
 from engine.models.held_weights import streamed_weight_bytes
-from engine.workload import WorkloadRequest, make_workload
+from engine.workload import WorkloadRequest, dataset_workload, make_workload
 from nxctl.bench import agreement
+from nxctl.bench.datasets import RANDOM, dataset_path, read_dataset
 from nxctl.bench.http_client import run_http
 from nxctl.bench.machine import (
     compute_dtype,
@@ -38,6 +39,7 @@ from nxctl.bench.peers.session import SINGLE, WORKLOAD, PeerOutcome, PeerRuns
 from nxctl.bench.schedules import (
     Advance,
     ScheduleRun,
+    decode_throughput,
     decode_tokens_per_s,
     make_engine,
     run_continuous,
@@ -93,6 +95,15 @@ class _Context:
         }
         return EngineConfig(**(base | overrides))
 
+    def spec_config(self) -> EngineConfig:
+        """cb_spec's engine: cb_invariant's with the run's speculative decoding."""
+        opts = self.opts
+        return self.engine_config(
+            speculative=opts.speculative,
+            num_speculative_tokens=opts.num_speculative_tokens,
+            draft_model=opts.draft_model,
+        )
+
 
 def _measured(ctx: _Context, name: str, run: ScheduleRun, dtype: str) -> dict[str, Any]:
     """Our schedules' figures: weights streamed as the engine holds them (quantized, or at ``dtype``'s
@@ -108,6 +119,7 @@ def _figures(
     ``step_bytes``) and its fraction of the read bandwidth, engine counters, tenants. A fraction or
     GB/s that does not apply (no peak, forwards unknown) is None."""
     metrics = compute_metrics(run.records, run.duration)
+    metrics["decode_tps"] = decode_throughput(run.records)
     gflops = model_flops(ctx.loaded.config, run.work) / run.duration / 1e9
     metrics["achieved_gflops"] = gflops
     metrics["peak_fraction"] = None if peak is None else gflops / peak
@@ -137,6 +149,8 @@ def _run_one(ctx: _Context, name: str, label: str, rep: int) -> dict[str, Any]:
         "cb_fast": ctx.engine_config(batch_invariant=False),
         "cb_nocache": ctx.engine_config(enable_prefix_caching=False),
     }
+    if opts.speculative is not None:
+        continuous["cb_spec"] = ctx.spec_config()
     if opts.compare_schedule:
         continuous[opts.compare_schedule] = ctx.engine_config(dtype=opts.compare_dtype)
     if name in continuous:
@@ -193,6 +207,8 @@ def _single(ctx: _Context, label: str, rep: int) -> dict[str, Any]:
     step_bytes = streamed_weight_bytes(ctx.loaded.config, ctx.opts.dtype, ctx.opts.quantize)
     result: dict[str, Any] = {"output_len": req.output_len}
     runs = [("invariant", ours)]
+    if ctx.opts.speculative is not None:
+        runs.append(("spec", run_static(make_engine(ctx.loaded, ctx.spec_config()), [req], 1, advance)))
     if ctx.hf_model is not None:
         runs.append(("hf", run_hf(ctx.hf_model, [req], 1, advance)))
     for who, run in runs:
@@ -229,6 +245,8 @@ def _warm_up(ctx: _Context) -> None:
     """A short request through each engine kind and the peer: first-call costs stay out of the timings."""
     req = WorkloadRequest(0, ctx.requests[0].prompt_token_ids[:16], 2, 0.0, "warm-up")
     configs = [ctx.engine_config(), ctx.engine_config(batch_invariant=False)]
+    if ctx.opts.speculative is not None:
+        configs.append(ctx.spec_config())
     if ctx.opts.compare_dtype:
         configs.append(ctx.engine_config(dtype=ctx.opts.compare_dtype))
     for config in configs:
@@ -303,9 +321,8 @@ def run_bench(
         return _run_remote(opts, start_task)
     clock = _Clock()
     source = resolve_model(opts.model)
-    config = load_config(source)
-    requests = make_workload(opts.workload, config.vocab_size, config.max_position_embeddings)
     loaded = load_model(source)
+    requests = _workload(opts, loaded)
     notify(f"bench: load {clock.lap('load'):.1f} s")
     device = resolve_device("auto")
     dtypes = {"float32", opts.dtype} | ({opts.compare_dtype} if opts.compare_dtype else set())
@@ -358,6 +375,15 @@ def run_bench(
         peer_info=peer_runs.info(),
         memory=memory,
     )
+
+
+def _workload(opts: BenchOptions, loaded: LoadedModel) -> list[WorkloadRequest]:
+    """The run's requests: random tokens, or a fixed dataset's prompts (--workload)."""
+    if opts.dataset is None or opts.dataset == RANDOM:
+        config = loaded.config
+        return make_workload(opts.workload, config.vocab_size, config.max_position_embeddings)
+    rows = read_dataset(dataset_path(opts.dataset), loaded.tokenizer)
+    return dataset_workload(rows, opts.workload)
 
 
 class _Clock:

@@ -37,12 +37,19 @@ RUN_METRICS = (
     "prefix_cache_queries",
     "prefix_cache_hits",
     "max_requests_in_step",
+    "decode_tps",  # tokens after each request's first over the time after its first
+    # speculative decoding (cb_spec): vLLM's spec_decode counters, acceptance rate and length
+    "spec_drafts",
+    "spec_draft_tokens",
+    "spec_accepted_tokens",
+    "spec_acceptance_rate",
+    "spec_mean_acceptance_length",
 )
 LATENCY_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 LATENCY_STATS = ("mean", "median", "p99")
 SINGLE_METRICS = tuple(
     f"{who}_{m}"
-    for who in ("invariant", "hf", *SUBPROCESS_SCHEDULES)
+    for who in ("invariant", "spec", "hf", *SUBPROCESS_SCHEDULES)
     for m in ("decode_tps", "ttft_ms", "decode_weights_gbps", "decode_bandwidth_fraction")
 )
 AGREEMENT = (
@@ -89,6 +96,18 @@ RATIOS = (
         "output_throughput",
     ),
     Ratio("single_invariant_vs_hf_decode_tps", "single", "invariant_decode_tps", "single", "hf_decode_tps"),
+    # speculative decoding over the same engine without it (--speculative)
+    Ratio(
+        "cb_spec_vs_invariant_output_throughput",
+        "cb_spec",
+        "output_throughput",
+        "cb_invariant",
+        "output_throughput",
+    ),
+    Ratio("cb_spec_vs_invariant_decode_tps", "cb_spec", "decode_tps", "cb_invariant", "decode_tps"),
+    Ratio(
+        "single_spec_vs_invariant_decode_tps", "single", "spec_decode_tps", "single", "invariant_decode_tps"
+    ),
     # mean TTFT without the prefix cache / with it (--shared-prefix)
     Ratio("prefix_cache_ttft_speedup", "cb_nocache", "ttft_ms.mean", "cb_invariant", "ttft_ms.mean"),
     # ours over each subprocess peer (vllm_f32, llamacpp, ct2_int8, ...): the workload and one request

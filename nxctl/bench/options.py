@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from engine.config import parse_dtype
+from engine.config import EngineConfig, parse_dtype
 from engine.errors import InvalidRequestError
 from engine.mux.registry import QUANTIZE_MODES
 from engine.workload import WorkloadSpec
 from nxctl.bench.peers.registry import PEER_SCHEDULES
 
-OURS = ("cb_invariant", "cb_fast", "cb_nocache", "static", "sequential", "single")
+OURS = ("cb_invariant", "cb_spec", "cb_fast", "cb_nocache", "static", "sequential", "single")
 PEERS = tuple(PEER_SCHEDULES)  # hf (transformers, in-process), vllm, llamacpp, ct2 (subprocesses)
 PEER_OF = {schedule: peer for peer, schedules in PEER_SCHEDULES.items() for schedule in schedules}
 SCHEDULES = (*OURS[:-1], *PEER_OF, "single")  # in run order: single last, after every peer
@@ -36,6 +36,10 @@ class BenchOptions:
     concurrency: int | None = None
     peers_dir: Path | None = None  # where `make peers` put the subprocess peers (None: the default)
     quantize: str = "auto"  # EngineConfig.quantize for our schedules
+    dataset: str | None = None  # --workload: a fixed prompt dataset (nxctl/bench/datasets.py); None: random
+    speculative: str | None = None  # cb_spec and the single request's speculative run (engine/spec)
+    num_speculative_tokens: int = 8
+    draft_model: str | None = None
 
     def __post_init__(self) -> None:
         parse_dtype(self.dtype)
@@ -66,6 +70,14 @@ class BenchOptions:
             parse_dtype(self.compare_dtype)
             if self.compare_dtype == self.dtype:
                 raise InvalidRequestError(f"--compare-dtype {self.compare_dtype} is the run's own dtype")
+        if self.speculative is not None:
+            EngineConfig(
+                speculative=self.speculative,
+                num_speculative_tokens=self.num_speculative_tokens,
+                draft_model=self.draft_model,
+            )  # checks the settings
+        elif "cb_spec" in self.schedules:
+            raise InvalidRequestError("the cb_spec schedule needs --speculative ngram|draft")
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise InvalidRequestError(f"--url must start with http:// or https://, got {self.url!r}")
 
@@ -81,7 +93,12 @@ class BenchOptions:
         if self.schedules:
             names = [s for s in SCHEDULES if s in self.schedules]
         else:
-            names = [s for s in OURS if s != "cb_nocache" or self.workload.shared_prefix > 0]
+            names = [
+                s
+                for s in OURS
+                if (s != "cb_nocache" or self.workload.shared_prefix > 0)
+                and (s != "cb_spec" or self.speculative is not None)
+            ]
             names[-1:-1] = [s for peer in self.peers for s in PEER_SCHEDULES[peer]]
         if self.compare_schedule:
             names.insert(1, self.compare_schedule)

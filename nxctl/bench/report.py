@@ -45,7 +45,12 @@ ROWS: list[tuple[str, Callable[[dict], Any], int]] = [
     ("% of matmul peak", lambda m: _percent(m.get("peak_fraction")), 2),
     ("weights read (GB/s)", lambda m: m.get("weights_gbps"), 2),
     ("% of read bandwidth", lambda m: _percent(m.get("bandwidth_fraction")), 1),
+    ("decode tok/s (after each first token)", lambda m: m.get("decode_tps"), 1),
     ("preemptions", lambda m: m.get("preemptions"), 0),
+    ("spec: drafts / draft tokens", lambda m: _pair(m.get("spec_drafts"), m.get("spec_draft_tokens")), 0),
+    ("spec: accepted tokens", lambda m: m.get("spec_accepted_tokens"), 0),
+    ("spec: acceptance rate", lambda m: m.get("spec_acceptance_rate"), 3),
+    ("spec: mean acceptance length", lambda m: m.get("spec_mean_acceptance_length"), 2),
     (
         "prefix cache hits / queries",
         lambda m: _pair(m.get("prefix_cache_hits"), m.get("prefix_cache_queries")),
@@ -75,7 +80,12 @@ def title(result: BenchResult) -> str:
     extra += f", {spec.tenants} tenants" if spec.tenants > 1 else ""
     workload = (
         f"{spec.num_requests} requests, input {spec.input_len}, output {spec.output_len}, {rate}{extra}"
+        if opts.dataset in (None, "random")
+        else f"{spec.num_requests} requests from dataset {opts.dataset}, {rate}{extra}"
     )
+    if opts.speculative is not None:
+        extra_spec = f", draft {opts.draft_model}" if opts.draft_model else ""
+        workload += f"; cb_spec: {opts.speculative} speculation, K={opts.num_speculative_tokens}{extra_spec}"
     if opts.url is not None:
         concurrency = opts.concurrency or spec.num_requests
         return f"sched bench: {opts.model} served at {opts.url}, {workload}, concurrency {concurrency}"
@@ -133,7 +143,7 @@ def footer(result: BenchResult) -> list[str]:
             f"single request ({single.get('output_len')} tokens): ours (invariant) "
             f"{_single_decode(single, 'invariant')}"
         ]
-        for who in ("hf", *SUBPROCESS_SCHEDULES):
+        for who in ("spec", "hf", *SUBPROCESS_SCHEDULES):
             if f"{who}_decode_tps" in single:
                 parts.append(f"{who} {_single_decode(single, who)}")
         lines.append(", ".join(parts))

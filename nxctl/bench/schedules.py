@@ -36,7 +36,7 @@ class ScheduleRun:
     records: list[RequestRecord]
     duration: float
     work: WorkCount
-    counters: dict[str, int] = field(default_factory=dict)
+    counters: dict[str, float | None] = field(default_factory=dict)
 
 
 def make_engine(loaded: LoadedModel, config: EngineConfig) -> Engine:
@@ -94,7 +94,7 @@ def _finish(
     snap = engine.snapshot()
     st = snap.counters
     work = WorkCount(st.tokens_computed, st.tokens_generated, _attention_work(outs), st.steps)
-    counters = {
+    counters: dict[str, float | None] = {
         "steps": st.steps,
         "tokens_computed": st.tokens_computed,
         "preemptions": st.preemptions,
@@ -102,6 +102,14 @@ def _finish(
         "prefix_cache_hits": snap.prefix_hits,
         "max_requests_in_step": st.max_requests_in_step,
     }
+    if st.spec_drafts:  # vLLM's spec_decode figures
+        counters |= {
+            "spec_drafts": st.spec_drafts,
+            "spec_draft_tokens": st.spec_draft_tokens,
+            "spec_accepted_tokens": st.spec_accepted_tokens,
+            "spec_acceptance_rate": st.spec_acceptance_rate,
+            "spec_mean_acceptance_length": st.spec_mean_accepted_length,
+        }
     return ScheduleRun(records, duration, work, counters)
 
 
@@ -150,3 +158,15 @@ def decode_tokens_per_s(record: RequestRecord) -> float | None:
     if len(times) < 2 or times[-1] <= times[0]:
         return None
     return (len(times) - 1) / (times[-1] - times[0])
+
+
+def decode_throughput(records: Sequence[RequestRecord]) -> float | None:
+    """Decode speed of a run: every request's tokens after its first over its time after its first
+    (None when no request has two tokens)."""
+    pairs = [
+        (len(r.chunk_times) - 1, r.chunk_times[-1] - r.chunk_times[0])
+        for r in records
+        if len(r.chunk_times) > 1
+    ]
+    seconds = sum(s for _, s in pairs)
+    return sum(n for n, _ in pairs) / seconds if seconds > 0 else None

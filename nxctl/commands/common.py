@@ -12,6 +12,14 @@ QUANTIZE_HELP = (
     "int8: also quantize float weights to Q8_0."
 )
 
+SPECULATIVE_HELP = (
+    "Speculative decoding, exact (outputs equal to the plain run's, bit for bit): ngram (prompt lookup) "
+    "or draft (a draft model, --draft-model). Off by default."
+)
+DRAFT_MODEL_HELP = (
+    "With --speculative draft: a model sharing the target's tokenizer, or layers:N (its first N layers)."
+)
+
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``nxctl: error: <message>`` as one line on stderr and exit with ``code``."""

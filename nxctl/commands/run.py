@@ -17,7 +17,7 @@ from engine.llm_engine import LLM
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.structured import Grammar
-from nxctl.commands.common import QUANTIZE_HELP, fail
+from nxctl.commands.common import DRAFT_MODEL_HELP, QUANTIZE_HELP, SPECULATIVE_HELP, fail
 
 
 def stream_turn(
@@ -89,6 +89,11 @@ def run(
         str | None, typer.Option("--regex", help="A regular expression the answer must match.")
     ] = None,
     json_object: Annotated[bool, typer.Option("--json", help="The answer is a JSON object.")] = False,
+    speculative: Annotated[str | None, typer.Option("--speculative", help=SPECULATIVE_HELP)] = None,
+    num_speculative_tokens: Annotated[
+        int, typer.Option("--num-speculative-tokens", help="K: most tokens proposed per step.")
+    ] = 8,
+    draft_model: Annotated[str | None, typer.Option("--draft-model", help=DRAFT_MODEL_HELP)] = None,
 ) -> None:
     """One chat turn with a model, printed as it is generated. A model Ollama pulled brings its
     manifest's stop words and parameters, which options given here override."""
@@ -111,7 +116,14 @@ def run(
         if grammar is not None:
             chosen["grammar"] = grammar
         dataclasses.replace(SamplingParams(), **{**RUN_DEFAULTS, **chosen})  # bad values fail before loading
-        llm = LLM(model, dtype=dtype, quantize=quantize)
+        llm = LLM(
+            model,
+            dtype=dtype,
+            quantize=quantize,
+            speculative=speculative,
+            num_speculative_tokens=num_speculative_tokens,
+            draft_model=draft_model,
+        )
         if grammar is not None:
             llm.engine.grammars.compile(grammar)  # a grammar that does not compile: one line, no output
         settings: dict[str, Any] = {**RUN_DEFAULTS, **llm.source.defaults, **chosen}

@@ -20,7 +20,7 @@ from nxctl.bench.options import SCHEDULES, BenchOptions
 from nxctl.bench.report import footer, table, title
 from nxctl.bench.schedules import Advance
 from nxctl.bench.summary import write_json
-from nxctl.commands.common import QUANTIZE_HELP, fail
+from nxctl.commands.common import DRAFT_MODEL_HELP, QUANTIZE_HELP, SPECULATIVE_HELP, fail
 
 app = typer.Typer(help="The scheduler measured: throughput and latency against simpler schedules and a peer.")
 
@@ -119,6 +119,24 @@ def bench(
         typer.Option("--peers-dir", envvar="NXCTL_PEERS_DIR", help="Where `make peers` installed the peers."),
     ] = None,
     quantize: Annotated[str, typer.Option("--quantize", help=QUANTIZE_HELP)] = "auto",
+    workload: Annotated[
+        str,
+        typer.Option(
+            "--workload",
+            help="random (drawn tokens, --input-len/--output-len), a named dataset (grounded, open) or a .jsonl file.",
+        ),
+    ] = "random",
+    speculative: Annotated[
+        str | None,
+        typer.Option("--speculative", help="Also run cb_spec. " + SPECULATIVE_HELP),
+    ] = None,
+    num_speculative_tokens: Annotated[
+        int, typer.Option("--num-speculative-tokens", help="K: most tokens proposed per request per step.")
+    ] = 8,
+    draft_model: Annotated[
+        str | None,
+        typer.Option("--draft-model", help=DRAFT_MODEL_HELP),
+    ] = None,
 ) -> None:
     """Throughput and latency (vLLM's metrics) of our schedules, side by side, optionally against a peer."""
     try:
@@ -146,6 +164,10 @@ def bench(
             concurrency=concurrency,
             peers_dir=peers_dir,
             quantize=quantize,
+            dataset=None if workload == "random" else workload,
+            speculative=speculative,
+            num_speculative_tokens=num_speculative_tokens,
+            draft_model=draft_model,
         )
         result = run_with_progress(opts, Console(stderr=True))
     except NxError as exc:

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from engine.errors import InvalidRequestError
-from nxctl.commands.common import QUANTIZE_HELP, fail
+from nxctl.commands.common import DRAFT_MODEL_HELP, QUANTIZE_HELP, SPECULATIVE_HELP, fail
 from nxctl.server.settings import DEFAULT_PORT, SeatSettings, parse_duration
 
 
@@ -36,6 +36,9 @@ def build_settings(
     keep_alive: str = "5m",
     max_body_mb: float = 8.0,
     quiet: bool = False,
+    speculative: str | None = None,
+    num_speculative_tokens: int = 8,
+    draft_model: str | None = None,
 ) -> SeatSettings:
     """The seat's settings from the command's options (defaults: smollm2, unless a registry is given)."""
     chosen = tuple(models) if models else (() if registry is not None else ("smollm2",))
@@ -58,6 +61,9 @@ def build_settings(
         default_max_tokens=default_max_tokens,
         keep_alive_s=parse_duration(keep_alive),
         max_body_bytes=int(max_body_mb * (1 << 20)),
+        speculative=speculative,
+        num_speculative_tokens=num_speculative_tokens,
+        draft_model=draft_model,
         log_requests=not quiet,
     )
 
@@ -165,13 +171,19 @@ def serve(
     ] = "5m",
     max_body_mb: Annotated[float, typer.Option("--max-body-mb", help="Largest request body (MB).")] = 8.0,
     quiet: Annotated[bool, typer.Option("--quiet", help="No per-request log lines.")] = False,
+    speculative: Annotated[str | None, typer.Option("--speculative", help=SPECULATIVE_HELP)] = None,
+    num_speculative_tokens: Annotated[
+        int, typer.Option("--num-speculative-tokens", help="K: most tokens proposed per request per step.")
+    ] = 8,
+    draft_model: Annotated[str | None, typer.Option("--draft-model", help=DRAFT_MODEL_HELP)] = None,
 ) -> None:
     """Serve models over OpenAI- and Ollama-compatible HTTP APIs with continuous batching."""
     try:
         settings = build_settings(
             model, host, port, registry, budget_mb, max_queue, dlq, dlq_max_rows, dlq_redact, drain_timeout,
             api_key, device, dtype, quantize, num_kv_blocks, default_max_tokens, keep_alive, max_body_mb,
-            quiet,
+            quiet, speculative=speculative, num_speculative_tokens=num_speculative_tokens,
+            draft_model=draft_model,
         )  # fmt: skip
     except InvalidRequestError as exc:
         fail(str(exc))

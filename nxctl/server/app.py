@@ -49,7 +49,7 @@ def build_seat(settings: SeatSettings, loader: Loader | None = None) -> tuple[Se
     budget = None if settings.budget_mb is None else int(settings.budget_mb * MB)
     host = ModelHost(
         registry,
-        loader or make_loader(settings.device, CoreLease(), metrics.observe_loop),
+        loader or make_loader(settings.device, CoreLease(), metrics.observe_loop, settings.speculation),
         budget_bytes=budget,
         keep_alive_s=settings.keep_alive_s,
         on_event=metrics.observe_event,

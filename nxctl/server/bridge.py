@@ -99,6 +99,10 @@ class LoopStats:
     prefix_hits: int = 0
     preemptions: int = 0
     steps: int = 0
+    spec_drafts: int = 0  # speculative decoding (engine/spec): rounds verified, tokens proposed, accepted
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_per_pos: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -298,6 +302,10 @@ class EngineLoop:
             prefix_hits=snap.prefix_hits * snap.block_size,
             preemptions=snap.counters.preemptions,
             steps=snap.counters.steps,
+            spec_drafts=snap.counters.spec_drafts,
+            spec_draft_tokens=snap.counters.spec_draft_tokens,
+            spec_accepted_tokens=snap.counters.spec_accepted_tokens,
+            spec_accepted_per_pos=snap.counters.spec_accepted_per_pos,
         )
         if self._on_stats is not None:
             self._on_stats(self.stats)

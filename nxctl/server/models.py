@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from engine.errors import InvalidRequestError
 from engine.loader import resolve_model
@@ -51,9 +52,13 @@ def preload_names(models: Sequence[str], registry: Registry, from_file: bool) ->
 
 
 def make_loader(
-    device: str, lease: CoreLease, on_stats: StatsHook | None = None
+    device: str,
+    lease: CoreLease,
+    on_stats: StatsHook | None = None,
+    speculation: dict[str, Any] | None = None,
 ) -> Callable[[ModelSpec], SeatModel]:
-    """A loader for the ModelHost: ``engine.LLM`` with the entry's settings, and a started engine loop."""
+    """A loader for the ModelHost: ``engine.LLM`` with the entry's settings (and the seat's
+    ``speculation``, EngineConfig fields), and a started engine loop."""
 
     def load(spec: ModelSpec) -> SeatModel:
         from engine import LLM
@@ -67,6 +72,7 @@ def make_loader(
             device=device,
             num_kv_blocks=spec.num_kv_blocks,
             block_size=spec.block_size,
+            **(speculation or {}),
         )
         hook = None if on_stats is None else (lambda stats: on_stats(spec.name, stats))
         loop = EngineLoop(llm.engine, spec.name, lease, hook)

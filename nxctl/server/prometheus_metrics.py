@@ -3,7 +3,9 @@
 vLLM names: num_requests_running / num_requests_waiting / kv_cache_usage_perc (gauges),
 time_to_first_token_seconds / inter_token_latency_seconds / e2e_request_latency_seconds (histograms),
 prompt_tokens / generation_tokens / request_success / prefix_cache_queries / prefix_cache_hits /
-num_preemptions (counters, exposed with ``_total``). nxctl's own: model_loads, model_evictions,
+num_preemptions, and with speculative decoding spec_decode_num_drafts / spec_decode_num_draft_tokens /
+spec_decode_num_accepted_tokens / spec_decode_num_accepted_tokens_per_pos (label ``position``; the mean
+acceptance length is 1 + accepted / drafts) (counters, exposed with ``_total``). nxctl's own: model_loads, model_evictions,
 dead_letters. Prefix-cache counters count tokens, as vLLM's do.
 Every metric lives in a registry of its own, so several seats in one process never collide.
 """
@@ -89,6 +91,24 @@ class SeatMetrics:
         )
         self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prefix cache hits (tokens).", M, registry=r)
         self.preemptions = Counter("vllm:num_preemptions", "Preemptions (recompute).", M, registry=r)
+        self.spec_drafts = Counter(
+            "vllm:spec_decode_num_drafts",
+            "Speculative rounds verified (one per request per step).",
+            M,
+            registry=r,
+        )
+        self.spec_draft_tokens = Counter(
+            "vllm:spec_decode_num_draft_tokens", "Tokens proposed by speculation.", M, registry=r
+        )
+        self.spec_accepted = Counter(
+            "vllm:spec_decode_num_accepted_tokens", "Proposed tokens the verifier accepted.", M, registry=r
+        )
+        self.spec_accepted_per_pos = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Rounds whose proposed token at this position was accepted.",
+            (*M, "position"),
+            registry=r,
+        )
         self.loads = Counter("nxctl:model_loads", "Models loaded.", M, registry=r)
         self.evictions = Counter(
             "nxctl:model_evictions", "Models unloaded, by reason.", (*M, "reason"), registry=r
@@ -111,9 +131,17 @@ class SeatMetrics:
             (self.prefix_queries, stats.prefix_queries, last.prefix_queries),
             (self.prefix_hits, stats.prefix_hits, last.prefix_hits),
             (self.preemptions, stats.preemptions, last.preemptions),
+            (self.spec_drafts, stats.spec_drafts, last.spec_drafts),
+            (self.spec_draft_tokens, stats.spec_draft_tokens, last.spec_draft_tokens),
+            (self.spec_accepted, stats.spec_accepted_tokens, last.spec_accepted_tokens),
         ):
             if now > before:
                 counter.labels(model).inc(now - before)
+        earlier = last.spec_accepted_per_pos
+        for position, now_count in enumerate(stats.spec_accepted_per_pos):
+            before_count = earlier[position] if position < len(earlier) else 0
+            if now_count > before_count:
+                self.spec_accepted_per_pos.labels(model, str(position)).inc(now_count - before_count)
 
     def observe_request(self, model: str, out: RequestOutput, arrival: float) -> None:
         """A finished engine request; ``arrival`` is when the seat received it (perf_counter)."""

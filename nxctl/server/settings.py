@@ -5,9 +5,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine.config import QUANTIZE_MODES
 from engine.errors import InvalidRequestError
+from engine.spec.config import SpecConfig
 
 DEFAULT_PORT = 11434
 DEFAULT_MAX_TOKENS = 512
@@ -74,6 +76,18 @@ class SeatSettings:
     max_body_bytes: int = 8 << 20
     load_timeout_s: float = 300.0
     log_requests: bool = True
+    speculative: str | None = None  # every served model's engine speculates (engine/spec); None: off
+    num_speculative_tokens: int = 8
+    draft_model: str | None = None
+
+    @property
+    def speculation(self) -> dict[str, Any]:
+        """The EngineConfig fields of the seat's speculative decoding."""
+        return {
+            "speculative": self.speculative,
+            "num_speculative_tokens": self.num_speculative_tokens,
+            "draft_model": self.draft_model,
+        }
 
     def __post_init__(self) -> None:
         checks = {
@@ -90,5 +104,6 @@ class SeatSettings:
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise InvalidRequestError(f"invalid seat setting(s): {', '.join(bad)}")
+        SpecConfig(self.speculative, self.num_speculative_tokens, self.draft_model)  # checks them
         if not self.models and self.registry is None:
             raise InvalidRequestError("the seat needs at least one --model or a --registry")

@@ -44,6 +44,12 @@ def test_model_info_tiny() -> None:
         (["run", "tiny", "hi", "--regex", "[a-"], "invalid regex grammar"),
         (["run", "tiny", "hi", "--regex", "a", "--json"], "at most one"),
         (["run", "tiny", "hi", "--json-schema", "no-such-schema.json"], "cannot read the JSON schema"),
+        (
+            ["run", "tiny", "hi", "--speculative", "ngram", "--num-speculative-tokens", "40"],
+            "num_speculative_tokens",
+        ),
+        (["run", "tiny", "hi", "--speculative", "draft", "--draft-model", "smollm2"], "vocabulary"),
+        (["run", "tiny", "hi", "--speculative", "draft", "--draft-model", "no/such/dir"], "cannot be loaded"),
     ],
 )
 def test_bad_input_is_one_clear_line(args: list[str], needle: str) -> None:
@@ -62,6 +68,13 @@ def test_run_tiny_prints_the_engines_chat_turn(tiny_llm: LLM) -> None:
     assert result.exit_code == 0
     expected = tiny_llm.chat([{"role": "user", "content": "Hello"}], GREEDY_8).text
     assert expected and result.stdout == expected + "\n"
+
+
+def test_run_speculating_prints_the_same_turn(tiny_llm: LLM) -> None:
+    args = ["run", "tiny", "Hello", "--max-tokens", "8", "--temperature", "0", "--speculative", "ngram"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0
+    assert result.stdout == tiny_llm.chat([{"role": "user", "content": "Hello"}], GREEDY_8).text + "\n"
 
 
 def test_run_reads_a_raw_prompt_from_stdin(tiny_llm: LLM) -> None:

@@ -17,10 +17,12 @@ SMALL = ["--model", "tiny", "--num-requests", "4", "--input-len", "4:16", "--out
 
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, dict]:
-    """One end-to-end run with the peer and a shared prefix, so every figure the census cites can exist."""
+    """One end-to-end run with the peer, a shared prefix and speculation, so every figure the census
+    cites can exist."""
     pytest.importorskip("transformers")
     out = tmp_path_factory.mktemp("bench") / "out.json"
     args = [*SMALL, "--peer", "hf", "--shared-prefix", "16", "--max-num-seqs", "2", "--json", str(out)]
+    args += ["--speculative", "ngram"]
     result = runner.invoke(app, ["sched", "bench", *args])  # 2 seats: later requests find the prefix cached
     assert result.exit_code == 0, result.output
     return result, json.loads(out.read_text())
@@ -29,7 +31,7 @@ def bench_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, dict]:
 def test_table_names_every_schedule_and_metric(bench_run) -> None:
     result, _ = bench_run
     out = result.stdout
-    for name in ("cb_invariant", "cb_fast", "cb_nocache", "static", "sequential", "hf"):
+    for name in ("cb_invariant", "cb_spec", "cb_fast", "cb_nocache", "static", "sequential", "hf"):
         assert name in out
     for row in (
         "output throughput (tok/s)",
@@ -194,3 +196,44 @@ def test_sched_structured_reports_the_cost_of_constraints(tmp_path) -> None:
     assert figures["free_tok_s"] > 0 and figures["json_schema_tok_s"] > 0
     assert abs(figures["ratio"] - figures["json_schema_tok_s"] / figures["free_tok_s"]) < 1e-3
     assert "json_schema" in result.stdout and "cost" in result.stdout
+
+
+def test_speculative_bench_on_a_dataset_reports_cb_spec(tmp_path: Path) -> None:
+    out = tmp_path / "spec.json"
+    args = ["sched", "bench", "--model", "tiny", "--workload", "grounded", "--num-requests", "3"]
+    args += ["--max-num-seqs", "1", "--speculative", "draft", "--draft-model", "layers:1"]
+    args += [
+        "--num-speculative-tokens",
+        "3",
+        "--schedules",
+        "cb_invariant,cb_spec,single",
+        "--json",
+        str(out),
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "dataset grounded" in result.stdout and "spec: acceptance rate" in result.stdout
+    data = json.loads(out.read_text())
+    figures = data["figures"]
+    assert figures["cb_spec.spec_drafts"] > 0 and 0 <= figures["cb_spec.spec_acceptance_rate"] <= 1
+    assert figures["cb_spec.spec_mean_acceptance_length"] >= 1
+    assert figures["cb_invariant.total_output_tokens"] == figures["cb_spec.total_output_tokens"]
+    for name in ("ratios.cb_spec_vs_invariant_decode_tps", "ratios.single_spec_vs_invariant_decode_tps"):
+        assert figures[name] > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--speculative", "ngram", "--num-speculative-tokens", "0"], "num_speculative_tokens"),
+        (["--speculative", "draft"], "needs a draft model"),
+        (["--speculative", "eagle"], "unknown speculative method"),
+        (["--schedules", "cb_spec"], "needs --speculative"),
+        (["--workload", "nonsense"], "named dataset"),
+    ],
+)
+def test_bad_speculative_bench_input_is_one_clear_line(args: list[str], needle: str) -> None:
+    result = runner.invoke(app, ["sched", "bench", "--model", "tiny", "--num-requests", "2", *args])
+    assert result.exit_code != 0
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0], result.stderr

@@ -58,6 +58,10 @@ def test_bad_options_are_one_clear_line() -> None:
     assert result.exit_code == 2 and "nxctl: error: keep_alive must be a duration" in result.output
     result = runner.invoke(make_app(), ["serve", "--model", "tiny", "--max-queue", "0"])
     assert result.exit_code == 2 and "max_queue" in result.output
+    result = runner.invoke(make_app(), ["serve", "--model", "tiny", "--speculative", "medusa"])
+    assert result.exit_code == 2 and "nxctl: error: unknown speculative method 'medusa'" in result.output
+    result = runner.invoke(make_app(), ["serve", "--model", "tiny", "--speculative", "draft"])
+    assert result.exit_code == 2 and "needs a draft model" in result.output
 
 
 def test_a_busy_port_is_a_clear_error() -> None:
