@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-MAX_PAUSE_STEPS = 32
+# a proposer that keeps failing (a poor draft model) costs about one round in this many steps
+MAX_PAUSE_STEPS = 256
 ROW_COST = 0.1  # a verify row's cost as a fraction of a decode step (float32 SmolLM2 here: ~2 of ~25 ms)
 DECAY = 0.7  # weight of the older rounds in the acceptance estimate, per round
 PRIOR_ACCEPTED, PRIOR_REJECTED = 3.0, 1.0  # an estimate of 0.75 before the first round
