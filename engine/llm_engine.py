@@ -337,7 +337,9 @@ class Engine:
         st.steps += 1
         st.tokens_computed += out.num_tokens
         st.max_requests_in_step = max(st.max_requests_in_step, len(out.scheduled))
-        sizes = [s.num_new_tokens for s in out.scheduled]
+        sizes = [
+            1 if s.seq.draft_token_ids else s.num_new_tokens for s in out.scheduled
+        ]  # a verify is a decode
         st.mixed_steps += 1 in sizes and any(n > 1 for n in sizes)
         started = [s.seq for s in out.scheduled if s.seq.num_computed_tokens > s.seq.num_cached_tokens]
         for item in out.scheduled:

@@ -190,6 +190,20 @@ def test_requests_with_a_grammar_decode_plainly_beside_speculating_ones(plain_ti
     assert _outputs(spec, prompts, params) == _outputs(plain_tiny, prompts, params)
 
 
+def test_a_verifying_request_counts_as_a_decode_not_a_prefill_chunk() -> None:
+    """Steps that ran a plain decode beside a verify (its last token and proposals) are not "mixed"."""
+    from engine.structured.grammar import Grammar
+
+    spec = LLM("tiny", num_kv_blocks=128, speculative="draft", draft_model=TINY, num_speculative_tokens=3)
+    prompt = spec.tokenizer.encode(PROMPTS[0])
+    params = [
+        SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, grammar=Grammar.regex("[a-z ]{12,40}")),
+        SamplingParams(max_tokens=12, temperature=0, ignore_eos=True),
+    ]
+    spec.generate([prompt, prompt], params)  # one prefill step for both, then decodes and verifies
+    assert spec.engine.counters.spec_drafts > 0 and spec.engine.counters.mixed_steps == 0
+
+
 @pytest.mark.parametrize("fault", [testing.spec_accept_wrong, testing.spec_keep_rejected_kv])
 def test_verifier_faults_break_equality(plain_tiny: LLM, fault) -> None:
     spec = LLM(
