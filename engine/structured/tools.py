@@ -133,7 +133,7 @@ def tool_grammar(
     one_call = " ".join(
         _lark_string(p) if p != alternatives else p for p in (fmt.open, alternatives, fmt.close) if p
     )
-    many = parallel and fmt.parallel and choice in ("auto", "required")
+    many = takes_many_calls(fmt, choice, parallel)
     calls = f"call ({_lark_string(fmt.separator)} call)*" if many else "call"
     lines = [f"calls: {calls}", f"call: {one_call}", *rules]
     if choice != "auto":
@@ -147,6 +147,11 @@ def tool_grammar(
         start = "start: TEXT | calls"
         lines.append(f"TEXT: /[^{re.escape(first)}](?s:.*)/")
     return Grammar.lark("\n".join([start, *lines]))
+
+
+def takes_many_calls(fmt: ToolFormat, choice: str, parallel: bool) -> bool:
+    """Whether the answer may hold any number of calls in a row (else one call at most)."""
+    return parallel and fmt.parallel and choice in ("auto", "required")
 
 
 def parse_tool_calls(text: str, fmt: ToolFormat, names: Sequence[str]) -> tuple[str, list[ToolCall]]:
