@@ -10,8 +10,8 @@ from engine.errors import InvalidRequestError, UnsupportedModelError
 from engine.mux.registry import QUANTIZE_MODES
 from engine.spec.config import SpecConfig
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
-ROPE_SCALINGS = ("linear", "llama3", "divisors")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3")
+ROPE_SCALINGS = ("linear", "llama3", "divisors", "longrope", "yarn")
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
@@ -24,7 +24,14 @@ class RopeScaling:
     """How a family stretches RoPE past its training context (Hugging Face's ``rope_scaling``):
     ``linear`` divides every frequency by ``factor``; ``llama3`` divides the low frequencies by it,
     keeps the high ones and blends those between (Llama 3.1+); ``divisors`` divides frequency i by
-    ``divisors[i]`` (how a GGUF file carries llama3's scaling: its rope_freqs tensor)."""
+    ``divisors[i]`` (how a GGUF file carries llama3's scaling: its rope_freqs tensor); ``longrope``
+    (Phi-3/3.5/4) divides frequency i by ``long_factor[i]`` when the engine serves a context longer
+    than ``original_max_position_embeddings``, else by ``short_factor[i]`` (llama.cpp's rule: by the
+    context served, so a request's rotation never changes with its length or its batch), and scales
+    cos and sin by ``attention_factor``; ``yarn`` (Qwen2.5/Qwen3 long context, DeepSeek) keeps the
+    frequencies that turn more than ``beta_fast`` times over the original context, divides those
+    turning fewer than ``beta_slow`` times by ``factor``, ramps linearly between, and scales cos and
+    sin by ``attention_factor``."""
 
     kind: str
     factor: float
@@ -32,6 +39,12 @@ class RopeScaling:
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
     divisors: tuple[float, ...] = ()
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
+    attention_factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True  # yarn: the ramp's ends rounded out to whole dimensions
 
     def __post_init__(self) -> None:
         if self.kind not in ROPE_SCALINGS:
@@ -47,7 +60,13 @@ class ModelConfig:
     One forward serves every family; what differs is data (engine/models/llama.py reads it):
     ``attention_bias`` (Qwen2: q/k/v carry a bias), ``qk_norm`` (Qwen3: RMSNorm over each head of q
     and k before RoPE), ``sliding_window`` (Mistral v0.1: a position sees only the last N keys),
-    ``rope_scaling`` (Llama 3.1+: llama3; linear)."""
+    ``rope_scaling`` (Llama 3.1+: llama3; linear; Phi-3: longrope). Gemma 3 adds the rest:
+    ``layer_windows`` (the window of each layer, 0 for a global one; empty: ``sliding_window`` for
+    all), ``local_rope_theta`` (windowed layers' own RoPE base, unscaled), ``sandwich_norms`` (norms
+    after attention and after the MLP too, before their residual adds), ``hidden_act`` gelu_tanh,
+    ``embedding_scale`` (sqrt(hidden)), ``query_scale`` (attention's scale when not 1/sqrt(head_dim)),
+    ``final_logit_softcap`` (logits -> cap * tanh(logits / cap)). Gemma's (1 + w) norm weights are
+    held as 1 + w, as llama.cpp's converter writes them, so every norm is the plain RMSNorm."""
 
     architecture: str
     num_layers: int
@@ -70,6 +89,13 @@ class ModelConfig:
     qk_norm: bool = False
     sliding_window: int = 0  # 0: none
     rope_scaling: RopeScaling | None = None
+    layer_windows: tuple[int, ...] = ()
+    local_rope_theta: float = 0.0  # 0: windowed layers rotate as the others do
+    sandwich_norms: bool = False
+    hidden_act: str = "silu"  # or "gelu_tanh"
+    embedding_scale: float = 1.0
+    query_scale: float = 0.0  # 0: head_dim ** -0.5
+    final_logit_softcap: float = 0.0  # 0: none
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -82,6 +108,40 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise UnsupportedModelError(f"head_dim {self.head_dim} must be even for RoPE")
+        if self.layer_windows and len(self.layer_windows) != self.num_layers:
+            raise UnsupportedModelError(
+                f"{len(self.layer_windows)} layer windows for {self.num_layers} layers"
+            )
+        if self.hidden_act not in ("silu", "gelu_tanh"):
+            raise UnsupportedModelError(
+                f"unsupported activation {self.hidden_act!r}; supported: silu, gelu_tanh"
+            )
+
+    def window(self, layer: int) -> int:
+        """How many of the latest positions layer ``layer`` attends to (0: all of them)."""
+        return self.layer_windows[layer] if self.layer_windows else self.sliding_window
+
+    @property
+    def windowed(self) -> bool:
+        """Whether any layer has a sliding window."""
+        return any(self.window(n) for n in range(self.num_layers))
+
+    @property
+    def attention_scale(self) -> float:
+        return self.query_scale or self.head_dim**-0.5
+
+    @property
+    def gemma_like(self) -> bool:
+        """Whether the model uses any of Gemma's differences (the C++ layer loop has none of them)."""
+        return bool(
+            self.layer_windows
+            or self.local_rope_theta
+            or self.sandwich_norms
+            or self.hidden_act != "silu"
+            or self.embedding_scale != 1.0
+            or self.query_scale
+            or self.final_logit_softcap
+        )
 
     @property
     def q_size(self) -> int:
@@ -99,6 +159,7 @@ class ModelConfig:
         per_layer += (self.q_size + 2 * self.kv_size if self.attention_bias else 0) + (
             2 * self.head_dim if self.qk_norm else 0
         )
+        per_layer += 2 * h if self.sandwich_norms else 0
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
         return self.vocab_size * h + self.num_layers * per_layer + h + head
 

@@ -9,8 +9,9 @@ The seed comes from ``NXCTL_GATE_SEED`` (CI derives it from the commit hash), de
 Checks:
 - kernels: each of our kernels on the real model's shapes, rows alone vs at random places among up to
   64 random rows (and 512-row prefill chunks): identical bits, float32 and bfloat16;
-- engine runs, tiny and smollm2, float32 and bfloat16, and two other families (Qwen3's per-head q/k
-  norms, Mistral's sliding window; fixtures/families) in float32: every request's token ids, logprob bits and
+- engine runs, tiny and smollm2, float32 and bfloat16, and three other families (Qwen3's per-head q/k
+  norms, Mistral's sliding window, Gemma 3's windowed layers, sandwich norms and GELU gate on the
+  layer-by-layer path; fixtures/families) in float32: every request's token ids, logprob bits and
   text equal its solo run on an engine with another prefill chunk size (so chunk boundaries move),
   while the batched run sees mid-flight admissions, preemption by recompute and prefix-cache hits;
 - a digest of every output bit, for the matrix to compare across thread counts.
@@ -65,6 +66,7 @@ ENGINE_CASES = {
     "invariance.tiny_f32": EngineCase("tiny", "float32", 20, 600, 40),
     "invariance.qwen3_f32": EngineCase(str(FAMILIES / "qwen3"), "float32", 12, 400, 24),
     "invariance.mistral_f32": EngineCase(str(FAMILIES / "mistral"), "float32", 12, 400, 24),
+    "invariance.gemma3_f32": EngineCase(str(FAMILIES / "gemma3"), "float32", 12, 400, 24),
     "invariance.tiny_bf16": EngineCase("tiny", "bfloat16", 14, 600, 32),
     "invariance.smollm2_f32": EngineCase("smollm2", "float32", 6, 300, 12),
     "invariance.smollm2_bf16": EngineCase("smollm2", "bfloat16", 6, 300, 12),
@@ -234,7 +236,7 @@ GATE = Gate(
     name="invariance",
     summary=(
         "batch invariance on drawn cases: kernels and engine runs, float32 and bfloat16, tiny and smollm2, "
-        "Qwen3 and Mistral (sliding window) fixtures"
+        "Qwen3, Mistral (sliding window) and Gemma 3 fixtures"
     ),
     checks=(
         "invariance.kernels",

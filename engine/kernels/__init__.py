@@ -125,9 +125,10 @@ def softmax(logits: torch.Tensor, log: bool = False) -> torch.Tensor:
     return _run("softmax", rows, log).view(logits.shape)
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """[T, 2I] rows of [gate | up] -> silu(gate) * up, [T, I] float32, row by row."""
-    return _run("silu_mul", _float_input(gate_up))
+def silu_mul(gate_up: torch.Tensor, gelu: bool = False) -> torch.Tensor:
+    """[T, 2I] rows of [gate | up] -> silu(gate) * up (GELU, tanh form, when ``gelu``: Gemma's gate),
+    [T, I] float32, row by row."""
+    return _run("silu_mul", _float_input(gate_up), gelu)
 
 
 def decoder_stack(

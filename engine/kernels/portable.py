@@ -46,12 +46,14 @@ def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """[T, 2I] rows of [gate | up] -> silu(gate) * up, [T, I] float32, row by row."""
+def silu_mul(gate_up: torch.Tensor, gelu: bool = False) -> torch.Tensor:
+    """[T, 2I] rows of [gate | up] -> silu(gate) * up (GELU-tanh(gate) * up when ``gelu``), [T, I]
+    float32, row by row."""
     gate, up = gate_up.float().chunk(2, dim=1)
     out = torch.empty_like(gate)
     for i in range(gate.shape[0]):
-        out[i] = F.silu(gate[i]) * up[i]
+        act = F.gelu(gate[i], approximate="tanh") if gelu else F.silu(gate[i])
+        out[i] = act * up[i]
     return out
 
 

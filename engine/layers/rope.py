@@ -9,11 +9,21 @@ import torch
 from engine.config import RopeScaling
 
 
-def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> torch.Tensor:
-    """[head_dim / 2] float32 rotation frequencies, stretched as ``scaling`` says (as Hugging Face does)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+def inverse_frequencies(
+    head_dim: int, theta: float, scaling: RopeScaling | None = None, context: int = 0
+) -> torch.Tensor:
+    """[head_dim / 2] float32 rotation frequencies, stretched as ``scaling`` says (as Hugging Face does);
+    ``context``: the longest sequence served (longrope picks its factors by it)."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    if scaling is not None and scaling.kind == "longrope":
+        long = context > scaling.original_max_position_embeddings
+        factors = torch.tensor(scaling.long_factor if long else scaling.short_factor, dtype=torch.float32)
+        return 1.0 / (factors * theta**exponents)
+    inv_freq = 1.0 / (theta**exponents)
     if scaling is None:
         return inv_freq
+    if scaling.kind == "yarn":
+        return _yarn(inv_freq, head_dim, theta, scaling)
     if scaling.kind == "linear":
         return inv_freq / scaling.factor
     if scaling.kind == "divisors":
@@ -29,6 +39,25 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None
     return torch.where(between, blended, scaled)
 
 
+def _yarn(inv_freq: torch.Tensor, head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    """YaRN: frequency i kept (extrapolated) when it turns often over the original context, divided
+    by ``factor`` (interpolated) when it turns rarely, blended along a linear ramp between."""
+    old = scaling.original_max_position_embeddings
+
+    def dimension_turning(turns: float) -> float:  # the dimension whose frequency turns ``turns`` times
+        return head_dim * math.log(old / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dimension_turning(scaling.beta_fast), dimension_turning(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: extrapolate (keep the frequency), 0: interpolate
+    return (inv_freq / scaling.factor) * (1 - keep) + inv_freq * keep
+
+
 class Rope:
     """cos/sin tables for every position up to ``max_positions``: [max_positions, head_dim] each."""
 
@@ -40,11 +69,12 @@ class Rope:
         device: torch.device,
         scaling: RopeScaling | None = None,
     ):
-        inv_freq = inverse_frequencies(head_dim, theta, scaling)
+        inv_freq = inverse_frequencies(head_dim, theta, scaling, max_positions)
         freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)  # [P, head_dim]
-        self.cos = emb.cos().to(device)
-        self.sin = emb.sin().to(device)
+        gain = scaling.attention_factor if scaling is not None else 1.0
+        self.cos = (emb.cos() * gain).to(device)
+        self.sin = (emb.sin() * gain).to(device)
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin rows for positions [T]: [T, 1, head_dim] each (compute once per step, use per layer)."""

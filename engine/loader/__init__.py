@@ -59,11 +59,12 @@ def load_model(source: ModelSource | str | Path) -> LoadedModel:
         reader = gguf_file.open_reader(src.path)
         config = gguf_file.gguf_config(reader, src.name)
         tokenizer = gguf_file.gguf_tokenizer(reader, config)
+        gguf_file.release_metadata(reader)
         weights = gguf_file.gguf_weights(reader, config, src.name)
     else:
         config = hf_folder.folder_config(src.path)
         tokenizer = hf_folder.folder_tokenizer(src.path, config)
-        weights = dict(hf_folder.folder_weights(src.path))
+        weights = dict(hf_folder.folder_weights(src.path, config))
     _check_weights(config, weights, src)
     return LoadedModel(src, config, weights, tokenizer)
 
@@ -91,6 +92,10 @@ def _check_weights(
         }
         if config.attention_bias:
             expected |= {p + f"self_attn.{x}_proj.bias": (q if x == "q" else kv,) for x in "qkv"}
+        if config.sandwich_norms:
+            expected |= {
+                p + f"{x}.weight": (h,) for x in ("pre_feedforward_layernorm", "post_feedforward_layernorm")
+            }
         if config.qk_norm:
             expected |= {
                 p + "self_attn.q_norm.weight": (config.head_dim,),

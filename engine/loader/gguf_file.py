@@ -1,4 +1,4 @@
-"""GGUF files of the Llama, Qwen2 and Qwen3 architectures: metadata -> ModelConfig, tensors as the file holds them
+"""GGUF files of the Llama, Qwen2, Qwen3, Gemma 3 and Phi-3 architectures: metadata -> ModelConfig, tensors as the file holds them
 (Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K kept as QuantizedWeight blocks for our kernels; every other type,
 the other K-quants and IQ4 included, dequantized by gguf one tensor at a time to float32), the tokenizer rebuilt from the
 file's vocabulary and merges, the chat template from its metadata.
@@ -7,14 +7,18 @@ Trap: llama.cpp's converter permutes attn_q / attn_k rows of Llama-architecture 
 included) for its RoPE layout; we undo it so the weights are in the Hugging Face (rotate-half) layout
 the forward expects. Qwen files are not permuted. A family's differences come from the file: q/k/v
 bias tensors (Qwen2), attn_q_norm / attn_k_norm (Qwen3), head size from attention.key_length,
-rope_freqs (Llama 3.1's scaling, as per-frequency divisors) or rope.scaling.type linear.
+rope_freqs (Llama 3.1's scaling, as per-frequency divisors) or rope.scaling.type linear. Gemma 3:
+norms already hold 1 + w, sliding layers by attention.sliding_window_pattern (llama.cpp's default 6),
+their RoPE base rope.freq_base_swa, the query scale llama.cpp's (1/sqrt(head size); 27B's own).
+Phi-3: attn_qkv and ffn_up hold fused q|k|v and gate|up, longrope factors in rope_factors_long/short.
 """
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterable
 from pathlib import Path
-from typing import SupportsFloat, SupportsInt, cast
+from typing import Any, SupportsFloat, SupportsInt, cast
 
 import gguf
 import numpy as np
@@ -23,8 +27,10 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 
 from engine.config import ModelConfig, RopeScaling
 from engine.errors import ModelFileError, UnsupportedModelError
+from engine.loader.families import GEMMA_LOCAL_THETA, GEMMA_PATTERN, gemma_windows, split_fused, yarn_mscale
+from engine.loader.gguf_spm import spm_specials, spm_tokenizer
 from engine.loader.progress import track
-from engine.loader.tokenizer import ChatTokenizer
+from engine.loader.tokenizer import STOP_TOKENS, ChatTokenizer
 from engine.quantized import BLOCK_BYTES, BLOCK_ELEMENTS, QuantizedWeight
 
 # every type common GGUF files hold that gguf can dequantize (kept quantized: quantized.BLOCK_BYTES)
@@ -48,7 +54,17 @@ LAYER_NAMES = {
     "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm",
 }
-ARCHITECTURES = ("llama", "qwen2", "qwen3")
+# what a name means in one family and not in Llama's (Gemma's ffn_norm is its pre-MLP norm beside
+# a post-attention one; Phi-3's attn_qkv and ffn_up hold fused weights, split after loading)
+FAMILY_LAYER_NAMES = {
+    "gemma3": {
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_attention_norm": "post_attention_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
+    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+}
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
 PERMUTED = ("llama",)  # architectures whose q/k rows llama.cpp's converter permutes
 QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
@@ -120,22 +136,24 @@ def gguf_config(reader: gguf.GGUFReader, name: str) -> ModelConfig:
     quantized = tuple(
         (hf, t.tensor_type.name)
         for t in reader.tensors
-        if t.tensor_type.name in BLOCK_BYTES and (hf := _hf_name(t.name)) is not None
+        if t.tensor_type.name in BLOCK_BYTES and (hf := _hf_name(t.name, str(arch))) is not None
     )
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    head_dim = _as_int(
+        _field(
+            reader, p + "attention.key_length", _field(reader, p + "rope.dimension_count", hidden // heads)
+        )
+    )
+    family: dict[str, Any] = (
+        _gemma3_fields(reader, p, hidden, heads, head_dim, layers) if arch == "gemma3" else {}
+    )
     return ModelConfig(
         architecture=str(arch),
         num_layers=layers,
         hidden_size=hidden,
         num_heads=heads,
         num_kv_heads=kv_heads,
-        head_dim=_as_int(
-            _field(
-                reader,
-                p + "attention.key_length",
-                _field(reader, p + "rope.dimension_count", hidden // heads),
-            )
-        ),
+        head_dim=head_dim,
         intermediate_size=ffn,
         vocab_size=vocab,
         max_position_embeddings=_as_int(_field(reader, p + "context_length", 2048)),
@@ -149,20 +167,70 @@ def gguf_config(reader: gguf.GGUFReader, name: str) -> ModelConfig:
         quantized_weights=quantized,
         attention_bias="blk.0.attn_q.bias" in names,
         qk_norm="blk.0.attn_q_norm.weight" in names,
-        sliding_window=_as_int(_field(reader, p + "attention.sliding_window", 0)),
+        sliding_window=0 if family else _as_int(_field(reader, p + "attention.sliding_window", 0)),
         rope_scaling=_rope_scaling(reader, p),
+        **family,
     )
 
 
+def _gemma3_fields(
+    reader: gguf.GGUFReader, p: str, hidden: int, heads: int, head_dim: int, layers: int
+) -> dict[str, Any]:
+    """What a Gemma 3 file implies beyond Llama's fields, as llama.cpp reads it."""
+    window = _as_int(_field(reader, p + "attention.sliding_window", 0))
+    pattern = _field(reader, p + "attention.sliding_window_pattern", GEMMA_PATTERN)
+    if isinstance(pattern, list):  # one flag per layer: windowed or not
+        windows = tuple(window if flag else 0 for flag in pattern)
+    else:
+        windows = gemma_windows(layers, window, _as_int(pattern))
+    query = hidden // heads if layers == 62 else head_dim  # llama.cpp: the 27B scales by hidden / heads
+    return {
+        "layer_windows": windows if window else (),
+        "local_rope_theta": _as_float(_field(reader, p + "rope.freq_base_swa", GEMMA_LOCAL_THETA)),
+        "sandwich_norms": True,
+        "hidden_act": "gelu_tanh",
+        "embedding_scale": hidden**0.5,
+        "query_scale": query**-0.5,
+        "final_logit_softcap": _as_float(_field(reader, p + "final_logit_softcapping", 0.0)),
+    }
+
+
 def _rope_scaling(reader: gguf.GGUFReader, p: str) -> RopeScaling | None:
-    """Llama 3.1's scaling as the file's rope_freqs divisors, or rope.scaling.type linear; None otherwise."""
-    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
-    if freqs is not None:
-        divisors = tuple(float(v) for v in np.asarray(freqs.data, dtype=np.float32).reshape(-1))
-        return RopeScaling(kind="divisors", factor=1.0, divisors=divisors)
+    """Llama 3.1's scaling as the file's rope_freqs divisors, Phi-3's longrope factors, or
+    rope.scaling.type linear; None otherwise."""
+    tensors = {t.name: t for t in reader.tensors}
+
+    def values(name: str) -> tuple[float, ...]:
+        return tuple(float(v) for v in np.asarray(tensors[name].data, dtype=np.float32).reshape(-1))
+
+    if "rope_freqs.weight" in tensors:
+        return RopeScaling(kind="divisors", factor=1.0, divisors=values("rope_freqs.weight"))
+    if "rope_factors_long.weight" in tensors:
+        original = _as_int(_field(reader, p + "rope.scaling.original_context_length"))
+        return RopeScaling(
+            kind="longrope",
+            factor=_as_int(_field(reader, p + "context_length")) / original,
+            original_max_position_embeddings=original,
+            short_factor=values("rope_factors_short.weight"),
+            long_factor=values("rope_factors_long.weight"),
+            attention_factor=_as_float(_field(reader, p + "rope.scaling.attn_factor", 1.0)),
+        )
     kind = _field(reader, p + "rope.scaling.type")
     if kind in (None, "none"):
         return None
+    if kind == "yarn":  # llama.cpp's reading: the file's attn factor times YaRN's own scale
+        factor = _as_float(_field(reader, p + "rope.scaling.factor", 1.0))
+        return RopeScaling(
+            kind="yarn",
+            factor=factor,
+            original_max_position_embeddings=_as_int(
+                _field(reader, p + "rope.scaling.original_context_length")
+            ),
+            attention_factor=_as_float(_field(reader, p + "rope.scaling.yarn_attn_factor", 1.0))
+            * yarn_mscale(factor),
+            beta_fast=_as_float(_field(reader, p + "rope.scaling.yarn_beta_fast", 32.0)),
+            beta_slow=_as_float(_field(reader, p + "rope.scaling.yarn_beta_slow", 1.0)),
+        )
     return RopeScaling(kind=str(kind), factor=_as_float(_field(reader, p + "rope.scaling.factor", 1.0)))
 
 
@@ -173,11 +241,12 @@ def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, out_dim // n_heads // 2, 2, in_dim).transpose(1, 2).reshape(out_dim, in_dim)
 
 
-def _hf_name(gguf_name: str) -> str | None:
+def _hf_name(gguf_name: str, arch: str) -> str | None:
     base, _, suffix = gguf_name.rpartition(".")
     parts = base.split(".")
-    if parts[0] == "blk" and len(parts) == 3 and parts[2] in LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{LAYER_NAMES[parts[2]]}.{suffix}"
+    names = LAYER_NAMES | FAMILY_LAYER_NAMES.get(arch, {})
+    if parts[0] == "blk" and len(parts) == 3 and parts[2] in names:
+        return f"model.layers.{parts[1]}.{names[parts[2]]}.{suffix}"
     if base in TOP_NAMES:
         return f"{TOP_NAMES[base]}.{suffix}"
     return None
@@ -203,6 +272,26 @@ def _row_order(out_dim: int, n_heads: int) -> torch.Tensor:
     return _unpermute(torch.arange(out_dim).view(out_dim, 1), n_heads).view(-1)
 
 
+def release_metadata(reader: gguf.GGUFReader) -> None:
+    """Drop the reader's parsed metadata once config and tokenizer are built (mutates ``reader``): the
+    reader holds two numpy views per string of the vocabulary and merges (160 MB for SmolLM2's
+    49152 tokens), which would otherwise stay alive while the weights are copied."""
+    reader.fields.clear()
+
+
+def _unmap(reader: gguf.GGUFReader, tensor: gguf.ReaderTensor) -> None:
+    """Let go of the file pages of ``tensor`` once copied: they leave this process's RSS (they stay in
+    the page cache), so a load holds one copy of the weights plus one tensor's pages, not two copies."""
+    mapping = getattr(reader.data, "_mmap", None)
+    if mapping is None or not hasattr(mapping, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    page = mmap.PAGESIZE
+    start = -(-int(tensor.data_offset) // page) * page  # whole pages inside the tensor only
+    end = (int(tensor.data_offset) + int(tensor.n_bytes)) // page * page
+    if end > start:
+        mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+
 def gguf_weights(
     reader: gguf.GGUFReader, config: ModelConfig, name: str
 ) -> dict[str, torch.Tensor | QuantizedWeight]:
@@ -213,10 +302,11 @@ def gguf_weights(
             raise UnsupportedModelError(
                 f"unsupported GGUF tensor type {tensor.tensor_type.name} in {tensor.name}"
             )
-        hf = _hf_name(tensor.name)
+        hf = _hf_name(tensor.name, config.architecture)
         if hf is None:
             continue  # e.g. rope_freqs: derived from the config instead
         w = _tensor(tensor)
+        _unmap(reader, tensor)
         heads = {"q_proj.weight": config.num_heads, "k_proj.weight": config.num_kv_heads}.get(hf[-13:])
         if heads is None and config.architecture in PERMUTED and hf.endswith(("q_proj.bias", "k_proj.bias")):
             heads = config.num_heads if hf.endswith("q_proj.bias") else config.num_kv_heads
@@ -224,6 +314,7 @@ def gguf_weights(
             order = _row_order(w.shape[0], heads)
             w = w.take_rows(order) if isinstance(w, QuantizedWeight) else w[order]
         weights[hf] = w
+    split_fused(weights, config)
     return weights
 
 
@@ -241,11 +332,17 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 def gguf_tokenizer(reader: gguf.GGUFReader, config: ModelConfig) -> ChatTokenizer:
-    """Byte-level BPE from the file's tokens and merges, control tokens as special tokens."""
+    """Byte-level BPE from the file's tokens and merges, control tokens as special tokens; or a
+    SentencePiece vocabulary (engine/loader/gguf_spm.py)."""
     model_kind = _field(reader, "tokenizer.ggml.model")
+    template = cast("str | None", _field(reader, "tokenizer.chat_template"))  # GGUF: a string when present
+    if model_kind == "llama":
+        specials = spm_specials(reader)
+        stops = tuple(dict.fromkeys((*config.eos_token_ids, *specials.stop_ids)))
+        return ChatTokenizer(spm_tokenizer(reader), template, specials.bos, specials.eos, stops)
     if model_kind != "gpt2":
         raise UnsupportedModelError(
-            f"unsupported GGUF tokenizer {model_kind!r}; supported: gpt2 (byte-level BPE)"
+            f"unsupported GGUF tokenizer {model_kind!r}; supported: gpt2 (byte-level BPE), llama (SentencePiece)"
         )
     # GGUF: tokens and merges are arrays of strings, token_type an array of int32
     tokens: list[str] = list(cast("Iterable[str]", _field(reader, "tokenizer.ggml.tokens")))
@@ -280,9 +377,8 @@ def gguf_tokenizer(reader: gguf.GGUFReader, config: ModelConfig) -> ChatTokenize
 
     eos = token_at("tokenizer.ggml.eos_token_id")
     stop = list(config.eos_token_ids)
-    for name in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", eos):
+    for name in (*STOP_TOKENS, eos):
         tid = tok.token_to_id(name) if name else None
         if tid is not None and tid not in stop:
             stop.append(tid)
-    template = cast("str | None", _field(reader, "tokenizer.chat_template"))  # GGUF: a string when present
     return ChatTokenizer(tok, template, token_at("tokenizer.ggml.bos_token_id"), eos, tuple(stop))

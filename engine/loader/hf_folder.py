@@ -4,30 +4,37 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import SupportsInt
+from typing import Any, SupportsInt
 
 import torch
 from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer
 
-from engine.config import ModelConfig, RopeScaling
+from engine.config import ModelConfig
 from engine.errors import ModelFileError, UnsupportedModelError
+from engine.loader.families import gemma3_fields, rope_scaling, shift_norms, split_fused
 from engine.loader.progress import track
-from engine.loader.tokenizer import ChatTokenizer
+from engine.loader.tokenizer import STOP_TOKENS, ChatTokenizer
 
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma3ForCausalLM": "gemma3",
+    "Phi3ForCausalLM": "phi3",
 }
+MODEL_TYPES = {"gemma3_text": "gemma3"}  # config.json model_type -> family, where the two differ
 # what a family's config.json leaves implicit: (q/k/v bias unless attention_bias says, q/k norm)
 FAMILY_DEFAULTS = {
     "llama": (False, False),
     "mistral": (False, False),
     "qwen2": (True, False),
     "qwen3": (False, True),
+    "gemma3": (False, True),
+    "phi3": (False, False),
 }
+WINDOW_BY_DEFAULT = ("mistral", "phi3")  # families whose sliding_window applies without use_sliding_window
 
 
 def _read_json(path: Path) -> dict:
@@ -56,8 +63,9 @@ def folder_config(folder: Path) -> ModelConfig:
     raw = _read_json(folder / "config.json")
     archs = raw.get("architectures") or []
     arch = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
-    if arch is None and raw.get("model_type") in FAMILY_DEFAULTS:
-        arch = raw["model_type"]
+    model_type = MODEL_TYPES.get(raw.get("model_type", ""), raw.get("model_type"))
+    if arch is None and model_type in FAMILY_DEFAULTS:
+        arch = model_type
     if arch is None:
         raise UnsupportedModelError(
             f"unsupported architecture {archs or raw.get('model_type')!r} in {folder}"
@@ -70,51 +78,46 @@ def folder_config(folder: Path) -> ModelConfig:
     hidden = int(raw["hidden_size"])
     rope_theta = raw.get("rope_theta") or (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0)
     bias, qk_norm = FAMILY_DEFAULTS[arch]
-    window = raw.get("sliding_window") if raw.get("use_sliding_window", arch == "mistral") else None
+    window = raw.get("sliding_window") if raw.get("use_sliding_window", arch in WINDOW_BY_DEFAULT) else None
     try:
+        head_dim = int(raw.get("head_dim") or hidden // heads)
+        max_positions = int(raw.get("max_position_embeddings", 2048))
+        spec = dict(raw.get("rope_scaling") or raw.get("rope_parameters") or {})
+        if "original_max_position_embeddings" in raw:  # Phi-3 keeps it beside rope_scaling
+            spec.setdefault("original_max_position_embeddings", raw["original_max_position_embeddings"])
+        fields: dict[str, Any] = {
+            "rope_theta": float(rope_theta),
+            "rope_scaling": rope_scaling(spec, max_positions),
+            "qk_norm": qk_norm,
+            "sliding_window": int(window or 0),
+        }
+        if arch == "gemma3":
+            fields |= gemma3_fields(raw, hidden, head_dim)
         return ModelConfig(
             architecture=arch,
             num_layers=int(raw["num_hidden_layers"]),
             hidden_size=hidden,
             num_heads=heads,
             num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-            head_dim=int(raw.get("head_dim") or hidden // heads),
+            head_dim=head_dim,
             intermediate_size=int(raw["intermediate_size"]),
             vocab_size=int(raw["vocab_size"]),
-            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-            rope_theta=float(rope_theta),
+            max_position_embeddings=max_positions,
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", arch == "gemma3")),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=eos,
             name=folder.name,
             attention_bias=bool(raw.get("attention_bias", bias)),
-            qk_norm=qk_norm,
-            sliding_window=int(window or 0),
-            rope_scaling=_rope_scaling(raw),
+            **fields,
         )
     except KeyError as exc:
         raise ModelFileError(f"config.json in {folder} lacks {exc.args[0]!r}") from None
 
 
-def _rope_scaling(raw: dict) -> RopeScaling | None:
-    """config.json's rope_scaling (or transformers 5's rope_parameters) as a RopeScaling; None for the
-    default rotation. An unknown type raises UnsupportedModelError."""
-    spec = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
-    kind = spec.get("rope_type") or spec.get("type") or "default"
-    if kind == "default":
-        return None
-    return RopeScaling(
-        kind=kind,
-        factor=float(spec.get("factor", 1.0)),
-        low_freq_factor=float(spec.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(spec.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=int(spec.get("original_max_position_embeddings", 8192)),
-    )
-
-
-def folder_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """All tensors of the folder's *.safetensors shards, by their Hugging Face names, as float32."""
+def folder_weights(folder: Path, config: ModelConfig | None = None) -> dict[str, torch.Tensor]:
+    """All tensors of the folder's *.safetensors shards, by their Hugging Face names, as float32;
+    with ``config``, in the one forward's terms (Phi-3's fused weights split, Gemma's norms as 1 + w)."""
     shards = sorted(folder.glob("*.safetensors"))
     if not shards:
         raise ModelFileError(f"no *.safetensors weights in {folder}")
@@ -131,6 +134,11 @@ def folder_weights(folder: Path) -> dict[str, torch.Tensor]:
             weights[key] = handles[shard].get_tensor(key).to(torch.float32)
     except (SafetensorError, OSError) as exc:
         raise ModelFileError(f"corrupt safetensors file in {folder}: {exc}") from None
+    if config is not None:
+        held: dict = weights  # the family hooks take quantized weights too; a folder's are all float
+        split_fused(held, config)
+        if config.architecture == "gemma3":
+            shift_norms(held)
     return weights
 
 
@@ -150,7 +158,7 @@ def folder_tokenizer(folder: Path, config: ModelConfig) -> ChatTokenizer:
 
     eos = token_text(tcfg.get("eos_token"))
     stop = list(config.eos_token_ids)
-    for name in (eos, "<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
+    for name in (eos, *STOP_TOKENS):
         tid = tok.token_to_id(name) if name else None
         if tid is not None and tid not in stop:
             stop.append(tid)

@@ -16,6 +16,8 @@ from engine.structured.tool_prompt import fallback_messages, native_messages, te
 from engine.structured.tools import Tool, tool_format_of
 
 Message = dict[str, Any]
+# end-of-turn tokens of the families we run (ChatML, Llama 3, Gemma, Phi-3): a reply ends at any of them
+STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")
 
 
 def _raise_exception(message: str) -> None:

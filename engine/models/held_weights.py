@@ -77,7 +77,8 @@ def _weight_bytes(
         total += linear([(mlp + "gate_proj.weight", inter), (mlp + "up_proj.weight", inter)], h)
         total += linear([(mlp + "down_proj.weight", h)], inter)
     total += linear([(EMBEDDING if tied else "lm_head.weight", config.vocab_size)], h)
-    total += (2 * config.num_layers + 1) * h * width
+    norms_per_layer = 4 if config.sandwich_norms else 2  # Gemma: norms after attention and MLP too
+    total += (norms_per_layer * config.num_layers + 1) * h * width
     total += (
         config.num_layers
         * width

@@ -117,12 +117,18 @@ class PagedLlama:
         else:
             plain["model.embed_tokens.weight"] = embedding
         self.w: dict[str, torch.Tensor] = {k: v for k, v in plain.items() if isinstance(v, torch.Tensor)}
-        if config.sliding_window and device.type != "cpu":
+        if config.windowed and device.type != "cpu":
             raise UnsupportedModelError("a sliding attention window runs on the CPU kernels only")
         self.rope = Rope(
             config.head_dim, config.rope_theta, config.max_position_embeddings, device, config.rope_scaling
         )
-        self.scale = config.head_dim**-0.5
+        # Gemma 3's windowed layers rotate with their own base and no scaling
+        self.local_rope = (
+            Rope(config.head_dim, config.local_rope_theta, config.max_position_embeddings, device)
+            if config.local_rope_theta
+            else None
+        )
+        self.scale = config.attention_scale
         # the C++ layer loop over these weights and one KV cache (built on first use; see _decoder_stack)
         self._stack: tuple[KVCache, Any] | None = None
         self.fused_layers = True  # False: always the layer-by-layer path (tests compare the two)
@@ -174,10 +180,15 @@ class PagedLlama:
         return counts
 
     def embed_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """Input embeddings of ``token_ids`` [N] long: [N, hidden] in ``dtype``."""
+        """Input embeddings of ``token_ids`` [N] long: [N, hidden] in ``dtype`` (times the family's
+        embedding scale: Gemma's sqrt(hidden), rounded to ``dtype`` first as transformers does)."""
         if self.embedding is not None:
-            return self.embedding.rows(token_ids)
-        return self.w["model.embed_tokens.weight"][token_ids]
+            rows = self.embedding.rows(token_ids)
+        else:
+            rows = self.w["model.embed_tokens.weight"][token_ids]
+        if self.config.embedding_scale != 1.0:
+            return rows * torch.tensor(self.config.embedding_scale, dtype=rows.dtype)
+        return rows
 
     def weight(self, name: str) -> torch.Tensor:
         """Weight ``name`` (HF naming) as a plain tensor; for a linear, a copy of its rows."""
@@ -209,7 +220,11 @@ class PagedLlama:
         c = self.config
         faulty = self.faults.batch_dependent_matmul or self.faults.batch_dependent_norm
         float32 = self.dtype == kv.keys[0].dtype == torch.float32
-        if faulty or not (self.fused_layers and self.invariant and float32 and self.device.type == "cpu"):
+        if (
+            faulty
+            or c.gemma_like
+            or not (self.fused_layers and self.invariant and float32 and self.device.type == "cpu")
+        ):
             return None
         if self._stack is not None and self._stack[0] is kv:
             return self._stack[1]
@@ -265,7 +280,7 @@ class PagedLlama:
         outs = []
         if self.device.type == "cpu":  # our kernel: every row over its own keys, read in place, one call
             out = kernels.attention(
-                q, kv.keys[layer], kv.values[layer], tables, owners, positions, self.scale, c.sliding_window
+                q, kv.keys[layer], kv.values[layer], tables, owners, positions, self.scale, c.window(layer)
             )
             return out.view(-1, c.q_size).to(q.dtype)
         for g, plan in zip(groups, plans, strict=True):
@@ -282,17 +297,28 @@ class PagedLlama:
         return rms_norm(x, self.w[name], eps, self.invariant)
 
     def _gated(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """silu(gate) * up: [N, 2 * inter] -> [N, inter] (our row-wise kernel on the CPU when invariant)."""
+        """act(gate) * up, act SiLU (GELU-tanh for Gemma): [N, 2 * inter] -> [N, inter] (our row-wise
+        kernel on the CPU when invariant)."""
+        gelu = self.config.hidden_act == "gelu_tanh"
         if self.invariant and self.device.type == "cpu":
-            return kernels.silu_mul(gate_up).to(gate_up.dtype)
+            return kernels.silu_mul(gate_up, gelu).to(gate_up.dtype)
         gate, up = gate_up.split(self.config.intermediate_size, dim=1)
-        return F.silu(gate) * up
+        return (F.gelu(gate, approximate="tanh") if gelu else F.silu(gate)) * up
+
+    def _softcap(self, logits: torch.Tensor) -> torch.Tensor:
+        """cap * tanh(logits / cap) where the family caps its logits; row by row, so a row's bits never
+        depend on the rows beside it: [S, vocab] -> [S, vocab]."""
+        cap = self.config.final_logit_softcap
+        if not cap:
+            return logits
+        return torch.stack([torch.tanh(row / cap) * cap for row in logits]) if len(logits) else logits
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Run one step's rows, writing their K/V; return float32 logits of the sample rows: [S, vocab]."""
         x = self.embed_rows(batch.token_ids)  # [N, hidden]
         cos, sin = self.rope.tables(batch.positions)  # [N, 1, head_dim] each, shared by every layer
+        local = self.local_rope.tables(batch.positions) if self.local_rope is not None else (cos, sin)
         stack = self._decoder_stack(kv)
         self.last_forward_fused = stack is not None
         if stack is not None:  # every layer in one C++ call, the same bits as _layers
@@ -308,14 +334,21 @@ class PagedLlama:
                 batch.positions,
             )
         else:
-            x = self._layers(x, batch, kv, cos, sin)
+            x = self._layers(x, batch, kv, (cos, sin), local)
         last = self._norm(x[batch.sample_rows], "model.norm.weight")
-        return self._linear(last, "lm_head").float()
+        return self._softcap(self._linear(last, "lm_head").float())
 
     def _layers(
-        self, x: torch.Tensor, batch: ForwardBatch, kv: KVCache, cos: torch.Tensor, sin: torch.Tensor
+        self,
+        x: torch.Tensor,
+        batch: ForwardBatch,
+        kv: KVCache,
+        rotation: tuple[torch.Tensor, torch.Tensor],
+        local: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
-        """Every decoder layer over the step's rows, one kernel call at a time: x [N, hidden] -> [N, hidden]."""
+        """Every decoder layer over the step's rows, one kernel call at a time: x [N, hidden] -> [N, hidden].
+        ``rotation``: RoPE's cos and sin for the step's rows ([N, 1, head_dim] each); ``local``: those
+        of windowed layers (Gemma 3's own base; the same tables for other families)."""
         c = self.config
         n = batch.token_ids.shape[0]
         group = c.num_heads // c.num_kv_heads
@@ -343,6 +376,7 @@ class PagedLlama:
                 )
                 qk = torch.cat([q_rows.view(n, c.num_heads, -1), k_rows.view(n, c.num_kv_heads, -1)], dim=1)
             # q and k rotated in one elementwise pass (mul/add round alike on any layout): [N, H + Hkv, d]
+            cos, sin = local if c.window(layer) else rotation
             qk = self.rope.rotate(qk, cos, sin)
             q, k = qk[:, : c.num_heads], qk[:, c.num_heads :]
             v = qkv[:, qk_end:].view(n, c.num_kv_heads, c.head_dim)
@@ -350,8 +384,22 @@ class PagedLlama:
             attn = self._attention(
                 q, kv, layer, batch.groups, plans, batch.tables, batch.owners, batch.positions
             )  # [N, heads * head_dim]
-            x = x + self._linear(attn, p + "self_attn.o_proj.weight")
-            h = self._norm(x, p + "post_attention_layernorm.weight")
+            out = self._linear(attn, p + "self_attn.o_proj.weight")
+            if c.sandwich_norms:  # Gemma: the attention's output normed before the residual add
+                out = self._norm(out, p + "post_attention_layernorm.weight")
+            x = x + out
+            h = self._norm(
+                x,
+                p
+                + (
+                    "pre_feedforward_layernorm.weight"
+                    if c.sandwich_norms
+                    else "post_attention_layernorm.weight"
+                ),
+            )
             gate_up = self._linear(h, p + "mlp.gate_up")  # [N, 2 * inter]
-            x = x + self._linear(self._gated(gate_up), p + "mlp.down_proj.weight")
+            out = self._linear(self._gated(gate_up), p + "mlp.down_proj.weight")
+            if c.sandwich_norms:
+                out = self._norm(out, p + "post_feedforward_layernorm.weight")
+            x = x + out
         return x

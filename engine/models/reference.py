@@ -2,7 +2,9 @@
 
 Readable on purpose: RMSNorm, RoPE (rotate-half, the config's theta and scaling), grouped-query attention
 with a causal mask (and a sliding window where the family has one), q/k/v biases and per-head q/k norms
-where the family has them, SwiGLU, tied or untied head. No batching, no paging, no invariance tricks.
+where the family has them, SwiGLU, tied or untied head; Gemma 3's scaled embeddings, norms around
+attention and MLP, GELU gate, local RoPE base and logit soft-cap. No batching, no paging, no
+invariance tricks.
 """
 
 from __future__ import annotations
@@ -23,13 +25,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rope_cos_sin(
-    positions: torch.Tensor, head_dim: int, theta: float, scaling: RopeScaling | None = None
+    positions: torch.Tensor,
+    head_dim: int,
+    theta: float,
+    scaling: RopeScaling | None = None,
+    context: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables for positions: each [T, head_dim] (the half-dim frequencies repeated twice)."""
-    inv_freq = inverse_frequencies(head_dim, theta, scaling)
+    inv_freq = inverse_frequencies(head_dim, theta, scaling, context)
     freqs = positions.float()[:, None] * inv_freq.to(positions.device)[None, :]  # [T, head_dim/2]
     emb = torch.cat([freqs, freqs], dim=-1)  # [T, head_dim]
-    return emb.cos(), emb.sin()
+    gain = scaling.attention_factor if scaling is not None else 1.0
+    return emb.cos() * gain, emb.sin() * gain
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -72,15 +79,19 @@ class ReferenceLlama:
         c = self.config
         start, count = cache.length, len(token_ids)
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
-        x = self.w["model.embed_tokens.weight"][ids]  # [T, hidden]
+        x = self.w["model.embed_tokens.weight"][ids] * c.embedding_scale  # [T, hidden]
         positions = torch.arange(start, start + count, device=self.device)
-        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, c.rope_scaling)
+        context = c.max_position_embeddings
+        rotation = rope_cos_sin(positions, c.head_dim, c.rope_theta, c.rope_scaling, context)
+        local = rope_cos_sin(positions, c.head_dim, c.local_rope_theta) if c.local_rope_theta else rotation
         group = c.num_heads // c.num_kv_heads
-        mask = torch.ones(count, start + count, dtype=torch.bool, device=self.device).tril(start)
-        if c.sliding_window:  # a row sees its last ``sliding_window`` positions only
-            mask &= ~torch.ones_like(mask).tril(start - c.sliding_window)
+        causal = torch.ones(count, start + count, dtype=torch.bool, device=self.device).tril(start)
         for n in range(c.num_layers):
             p = f"model.layers.{n}."
+            mask, (cos, sin) = causal, rotation
+            if c.window(n):  # a row sees its last ``window`` positions only
+                mask = causal & ~torch.ones_like(causal).tril(start - c.window(n))
+                cos, sin = local
             h = rms_norm(x, self.w[p + "input_layernorm.weight"], c.rms_norm_eps)
             q, k, v = (
                 F.linear(
@@ -100,18 +111,32 @@ class ReferenceLlama:
             keys = cache.keys[n][: start + count].repeat_interleave(group, dim=1)  # [S, heads, d]
             values = cache.values[n][: start + count].repeat_interleave(group, dim=1)
             attn = F.scaled_dot_product_attention(
-                q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1), attn_mask=mask
+                q.transpose(0, 1),
+                keys.transpose(0, 1),
+                values.transpose(0, 1),
+                attn_mask=mask,
+                scale=c.attention_scale,
             )  # [heads, T, d]
-            x = x + F.linear(
+            out = F.linear(
                 attn.transpose(0, 1).reshape(count, c.q_size), self.w[p + "self_attn.o_proj.weight"]
             )
-            h = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
+            if c.sandwich_norms:
+                out = rms_norm(out, self.w[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
+            x = x + out
+            pre_mlp = "pre_feedforward_layernorm" if c.sandwich_norms else "post_attention_layernorm"
+            h = rms_norm(x, self.w[p + pre_mlp + ".weight"], c.rms_norm_eps)
             gate = F.linear(h, self.w[p + "mlp.gate_proj.weight"])
             up = F.linear(h, self.w[p + "mlp.up_proj.weight"])
-            x = x + F.linear(F.silu(gate) * up, self.w[p + "mlp.down_proj.weight"])
+            act = F.gelu(gate, approximate="tanh") if c.hidden_act == "gelu_tanh" else F.silu(gate)
+            out = F.linear(act * up, self.w[p + "mlp.down_proj.weight"])
+            if c.sandwich_norms:
+                out = rms_norm(out, self.w[p + "post_feedforward_layernorm.weight"], c.rms_norm_eps)
+            x = x + out
         cache.length = start + count
         x = rms_norm(x, self.w["model.norm.weight"], c.rms_norm_eps)
-        return F.linear(x, self.lm_head).float()
+        logits = F.linear(x, self.lm_head).float()
+        cap = c.final_logit_softcap
+        return torch.tanh(logits / cap) * cap if cap else logits
 
     def greedy(self, prompt_ids: list[int], max_new_tokens: int, stop_ids: tuple[int, ...] = ()) -> list[int]:
         """Greedy continuation of ``prompt_ids`` (stops after a stop token, which is included)."""

@@ -57,7 +57,8 @@ def test_every_instruction_set_and_thread_count_gives_the_same_bits(dtype):
                 results.append(_call(isa, "linear", x, packed, 200))
                 results.append(_call(isa, "rms_norm", x, 1e-5))
                 results.append(_call(isa, "softmax", x * 10, True))
-                results.append(_call(isa, "silu_mul", x))
+                results.append(_call(isa, "silu_mul", x, False))
+                results.append(_call(isa, "silu_mul", x, True))  # GELU-tanh (Gemma)
                 # one and two rows take panels side by side (linear_tile_wide): the same chains
                 results.append(
                     torch.cat([_call(isa, "linear", x[i : i + 1], packed, 200) for i in range(13)])
@@ -67,9 +68,9 @@ def test_every_instruction_set_and_thread_count_gives_the_same_bits(dtype):
                 )
     finally:
         torch.set_num_threads(threads)
-    for other in range(6, len(results)):
-        assert torch.equal(results[other], results[other % 6])
-    assert torch.equal(results[4], results[0]) and torch.equal(results[5], results[0])
+    for other in range(7, len(results)):
+        assert torch.equal(results[other], results[other % 7])
+    assert torch.equal(results[5], results[0]) and torch.equal(results[6], results[0])
 
 
 def test_row_wise_kernels_match_torch_and_ignore_neighbours():
@@ -84,6 +85,9 @@ def test_row_wise_kernels_match_torch_and_ignore_neighbours():
     gate_up = torch.randn(9, 2 * 100, generator=gen) * 30
     gate, up = gate_up.chunk(2, dim=1)
     assert torch.allclose(kernels.silu_mul(gate_up), F.silu(gate) * up, atol=1e-4, rtol=1e-5)
+    gelu = kernels.silu_mul(gate_up, gelu=True)  # Gemma's gate: GELU in its tanh form
+    assert torch.allclose(gelu, F.gelu(gate, approximate="tanh") * up, atol=1e-4, rtol=1e-5)
+    assert torch.equal(kernels.silu_mul(gate_up[4:5], gelu=True), gelu[4:5])
     for i in (0, 5, 36):
         assert torch.equal(kernels.rms_norm(x[i : i + 1], 1e-5), norm[i : i + 1])
     assert torch.equal(kernels.softmax(logits[1], log=True), kernels.softmax(logits, log=True)[1])

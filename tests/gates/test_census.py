@@ -55,6 +55,7 @@ STABLE_IDS = {
         "invariance.smollm2_bf16",
         "invariance.qwen3_f32",
         "invariance.mistral_f32",
+        "invariance.gemma3_f32",
         "invariance.neg.batch_dependent_matmul",
         "invariance.neg.batch_dependent_norm",
     ),

@@ -64,38 +64,45 @@ def test_a_name_outside_the_stores_is_one_clear_line(stores, name: str):
     assert len(lines) == 1 and "unknown model" in lines[0]
 
 
-def test_run_answers_on_a_qwen3_from_either_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """A non-Llama family through both store layouts: the GGUF llama.cpp converted, and the folder."""
+@pytest.mark.parametrize("family", ["qwen3", "gemma3", "phi3"])
+def test_run_answers_on_a_family_from_either_store(
+    family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A non-Llama family through both store layouts: the GGUF llama.cpp converted (its SentencePiece
+    vocabulary rebuilt, for Gemma 3 and Phi-3), and the folder."""
     families = TINY.parent / "families"
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    pull_ollama(tmp_path / "ollama", "qwen3-fixture:tiny", families / "qwen3.gguf", {"temperature": 0})
+    pulled_name = f"{family}-fixture:tiny"
+    pull_ollama(tmp_path / "ollama", pulled_name, families / f"{family}.gguf", {"temperature": 0})
     cache_hf(
-        tmp_path / "hub", "nxctl/qwen3", sorted(p for p in (families / "qwen3").iterdir() if p.is_file())
+        tmp_path / "hub", f"nxctl/{family}", sorted(p for p in (families / family).iterdir() if p.is_file())
     )
-    pulled = runner.invoke(app, ["run", "qwen3-fixture:tiny", "Hello", "-n", "6"])
-    cached = runner.invoke(app, ["run", "nxctl/qwen3", "Hello", "-n", "6", "--temperature", "0"])
+    pulled = runner.invoke(app, ["run", pulled_name, "Hello", "-n", "6"])
+    cached = runner.invoke(app, ["run", f"nxctl/{family}", "Hello", "-n", "6", "--temperature", "0"])
     assert pulled.exit_code == 0 and cached.exit_code == 0, pulled.output + cached.output
     assert pulled.stdout.strip() and cached.stdout.strip()
-    info = runner.invoke(app, ["model", "info", "qwen3-fixture:tiny"])
-    assert "qwen3" in info.stdout and "ollama" in info.stdout
+    info = runner.invoke(app, ["model", "info", pulled_name])
+    assert family in info.stdout and "ollama" in info.stdout
 
 
-def test_serve_answers_on_a_qwen3_from_either_store(tmp_path: Path):
-    """A real seat on a Qwen3 pulled into Ollama's store and one in the hub cache, asked by the official
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_serve_answers_on_a_family_from_either_store(family: str, tmp_path: Path):
+    """A real seat on a model pulled into Ollama's store and one in the hub cache, asked by the official
     ollama and openai clients under the names those stores give them."""
     ollama_client = pytest.importorskip("ollama")
     openai = pytest.importorskip("openai")
     families = TINY.parent / "families"
-    pull_ollama(tmp_path / "ollama", "qwen3-fixture:tiny", families / "qwen3.gguf", {"temperature": 0})
+    pulled_name = f"{family}-fixture:tiny"
+    pull_ollama(tmp_path / "ollama", pulled_name, families / f"{family}.gguf", {"temperature": 0})
     cache_hf(
-        tmp_path / "hub", "nxctl/qwen3", sorted(p for p in (families / "qwen3").iterdir() if p.is_file())
+        tmp_path / "hub", f"nxctl/{family}", sorted(p for p in (families / family).iterdir() if p.is_file())
     )
     sock = free_socket()
     port = sock.getsockname()[1]
     sock.close()
     env = {**os.environ, "OLLAMA_MODELS": str(tmp_path / "ollama"), "HF_HUB_CACHE": str(tmp_path / "hub")}
-    args = ["--model", "qwen3-fixture:tiny", "--model", "nxctl/qwen3", "--port", str(port)]
+    args = ["--model", pulled_name, "--model", f"nxctl/{family}", "--port", str(port)]
     args += ["--dlq", str(tmp_path / "dlq.sqlite"), "--num-kv-blocks", "64"]
     proc = subprocess.Popen([sys.executable, "-c", SERVE, *args], stdout=subprocess.PIPE, text=True, env=env)
     try:
@@ -103,13 +110,13 @@ def test_serve_answers_on_a_qwen3_from_either_store(tmp_path: Path):
         assert f"ready at http://127.0.0.1:{port}" in ready, ready
         url = f"http://127.0.0.1:{port}"
         chat = ollama_client.Client(host=url).chat(
-            model="qwen3-fixture:tiny",
+            model=pulled_name,
             messages=[{"role": "user", "content": "Hello"}],
             options={"num_predict": 5},
         )
         assert chat.message.content and chat.done
         completion = openai.OpenAI(base_url=url + "/v1", api_key="none").chat.completions.create(
-            model="nxctl/qwen3", messages=[{"role": "user", "content": "Hello"}], max_tokens=5
+            model=f"nxctl/{family}", messages=[{"role": "user", "content": "Hello"}], max_tokens=5
         )
         assert completion.choices[0].message.content and completion.usage.completion_tokens <= 5
     finally:

@@ -93,8 +93,8 @@ torch::Tensor softmax(const std::string& isa, const torch::Tensor& x, bool log_s
   return out;
 }
 
-// gate_up [T, 2I] float32 or bfloat16 -> silu(gate) * up, [T, I] float32
-torch::Tensor silu_mul(const std::string& isa, const torch::Tensor& gate_up) {
+// gate_up [T, 2I] float32 or bfloat16 -> silu(gate) * up (GELU-tanh(gate) * up when ``gelu``), [T, I] float32
+torch::Tensor silu_mul(const std::string& isa, const torch::Tensor& gate_up, bool gelu) {
   check_cpu(gate_up, "gate_up");
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0, "gate_up must be [T, 2I]");
   const int64_t rows = gate_up.size(0), inter = gate_up.size(1) / 2;
@@ -102,10 +102,10 @@ torch::Tensor silu_mul(const std::string& isa, const torch::Tensor& gate_up) {
   const auto& t = table_for(isa);
   float* o = out.data_ptr<float>();
   if (gate_up.scalar_type() == torch::kFloat32) {
-    nxk::run_silu_mul(t, gate_up.data_ptr<float>(), rows, inter, o);
+    nxk::run_silu_mul(t, gate_up.data_ptr<float>(), rows, inter, o, gelu);
   } else {
     TORCH_CHECK(gate_up.scalar_type() == torch::kBFloat16, "gate_up must be float32 or bfloat16");
-    nxk::run_silu_mul(t, reinterpret_cast<const uint16_t*>(gate_up.data_ptr<at::BFloat16>()), rows, inter, o);
+    nxk::run_silu_mul(t, reinterpret_cast<const uint16_t*>(gate_up.data_ptr<at::BFloat16>()), rows, inter, o, gelu);
   }
   return out;
 }
@@ -173,7 +173,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qlinear", &qlinear, "y = x @ W^T over a packed quantized weight (quantized.h), float32 out");
   m.def("rms_norm", &rms_norm, "x / rms(x) per row, float32 out");
   m.def("softmax", &softmax, "softmax or log-softmax per row");
-  m.def("silu_mul", &silu_mul, "silu(gate) * up per row of [gate | up]");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up (or GELU-tanh) per row of [gate | up]");
   m.def("attention", &attention, "causal attention over the paged cache, read in place");
   py::class_<nxk::DecoderStack>(m, "DecoderStack", "every decoder layer over a step's rows in one call (decoder.h)")
       .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, int64_t>(), py::arg("hidden"),

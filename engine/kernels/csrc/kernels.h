@@ -274,12 +274,16 @@ void softmax_rows(const float* x, int64_t V_, bool log_space, float* out, int64_
   }
 }
 
-// gate_up [T, 2I] (gate | up) -> out [T, I] float32: silu(gate) * up = gate / (1 + exp(-gate)) * up
+// gate_up [T, 2I] (gate | up) -> out [T, I] float32: act(gate) * up, act(g) = g / (1 + exp(-z)) with
+// z = g (SiLU) or, when ``gelu``, z = 2 sqrt(2/pi) (g + 0.044715 g^3) (GELU's tanh form: 0.5 (1 + tanh(y))
+// is 1 / (1 + exp(-2y)), so both gates share one exp)
 template <class O, class T>
-void silu_mul_rows(const T* gate_up, int64_t I, float* out, int64_t begin, int64_t end) {
+void silu_mul_rows(const T* gate_up, int64_t I, bool gelu, float* out, int64_t begin, int64_t end) {
   using V = typename O::V;
-  const auto silu_mul = [](V g, V u) {
-    return O::mul(O::div(g, O::add(O::set1(1.0f), vexp<O>(O::sub(O::zero(), g)))), u);
+  const auto silu_mul = [gelu](V g, V u) {
+    V z = g;
+    if (gelu) z = O::mul(O::set1(1.5957691216057308f), O::add(g, O::mul(O::set1(0.044715f), O::mul(g, O::mul(g, g)))));
+    return O::mul(O::div(g, O::add(O::set1(1.0f), vexp<O>(O::sub(O::zero(), z)))), u);
   };
   for (int64_t t = begin; t < end; ++t) {
     const T* gate = gate_up + t * 2 * I;

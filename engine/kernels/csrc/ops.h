@@ -64,14 +64,14 @@ void run_rms_norm(const KernelTable& t, const T* x, int64_t rows, int64_t d, flo
   });
 }
 
-// out [rows, I] float32 = silu(gate) * up, for rows of [gate | up] [rows, 2I]
+// out [rows, I] float32 = silu(gate) * up (or GELU-tanh(gate) * up), for rows of [gate | up] [rows, 2I]
 template <class T>
-void run_silu_mul(const KernelTable& t, const T* gate_up, int64_t rows, int64_t inter, float* out) {
+void run_silu_mul(const KernelTable& t, const T* gate_up, int64_t rows, int64_t inter, float* out, bool gelu = false) {
   at::parallel_for(0, rows, 8, [&](int64_t b, int64_t e) {
     if constexpr (std::is_same_v<T, float>) {
-      t.silu_mul_f32(gate_up, inter, out, b, e);
+      t.silu_mul_f32(gate_up, inter, gelu, out, b, e);
     } else {
-      t.silu_mul_bf16(gate_up, inter, out, b, e);
+      t.silu_mul_bf16(gate_up, inter, gelu, out, b, e);
     }
   });
 }

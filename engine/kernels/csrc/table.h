@@ -18,8 +18,8 @@ struct KernelTable {
   void (*rms_norm_f32)(const float*, int64_t, float, float*, int64_t, int64_t);
   void (*rms_norm_bf16)(const uint16_t*, int64_t, float, float*, int64_t, int64_t);
   void (*softmax)(const float*, int64_t, bool, float*, int64_t, int64_t);
-  void (*silu_mul_f32)(const float*, int64_t, float*, int64_t, int64_t);
-  void (*silu_mul_bf16)(const uint16_t*, int64_t, float*, int64_t, int64_t);
+  void (*silu_mul_f32)(const float*, int64_t, bool, float*, int64_t, int64_t);
+  void (*silu_mul_bf16)(const uint16_t*, int64_t, bool, float*, int64_t, int64_t);
   void (*qlinear_q8)(const float*, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
   void (*qlinear_q4)(const float*, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
   void (*qlinear_q4s)(const float*, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
