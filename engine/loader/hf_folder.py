@@ -162,4 +162,20 @@ def folder_tokenizer(folder: Path, config: ModelConfig) -> ChatTokenizer:
         tid = tok.token_to_id(name) if name else None
         if tid is not None and tid not in stop:
             stop.append(tid)
-    return ChatTokenizer(tok, tcfg.get("chat_template"), token_text(tcfg.get("bos_token")), eos, tuple(stop))
+    return ChatTokenizer(
+        tok, _chat_template(folder, tcfg), token_text(tcfg.get("bos_token")), eos, tuple(stop)
+    )
+
+
+def _chat_template(folder: Path, tcfg: dict) -> str | None:
+    """The folder's chat template as transformers reads it: chat_template.jinja (how transformers
+    saves it since 4.43) before tokenizer_config.json's, whose value may also be a list of named
+    templates (the "default" one is the chat's)."""
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    template = tcfg.get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        return named.get("default") or next(iter(named.values()), None)
+    return template if isinstance(template, str) else None

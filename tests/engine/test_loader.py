@@ -78,3 +78,22 @@ def test_chat_template_renders_generation_prompt(tiny_loaded) -> None:
     assert text.endswith("<|im_start|>assistant\n")
     ids = tiny_loaded.tokenizer.encode(text)
     assert ids.count(tiny_loaded.tokenizer.token_to_id("<|im_start|>")) == 3
+
+
+def test_a_folder_s_chat_template_is_read_where_transformers_reads_it(tmp_path: Path) -> None:
+    """chat_template.jinja (transformers' own layout since 4.43) wins over tokenizer_config.json's, and
+    a list of named templates in tokenizer_config.json gives its "default" one."""
+    import json
+
+    folder = tmp_path / "tiny"
+    shutil.copytree(FIXTURES / "tiny", folder)
+    (folder / "chat_template.jinja").write_text("{% for m in messages %}[{{ m['content'] }}]{% endfor %}")
+    assert load_model(folder).tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}]) == "[Hi]"
+    (folder / "chat_template.jinja").unlink()
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = [
+        {"name": "tool_use", "template": "tools"},
+        {"name": "default", "template": "{{ messages[0]['content'] }}!"},
+    ]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    assert load_model(folder).tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}]) == "Hi!"
