@@ -333,6 +333,11 @@ class Engine:
         return {id(seq): mask for seq, mask in zip(seqs, masks, strict=True)}
 
     def _count(self, out: SchedulerOutput) -> None:
+        """The step's counters, and the time each request in it was first scheduled (mutates)."""
+        now = time.perf_counter()
+        for item in out.scheduled:
+            if item.seq.first_scheduled_time is None:
+                item.seq.first_scheduled_time = now
         st = self._stats
         st.steps += 1
         st.tokens_computed += out.num_tokens
@@ -414,9 +419,11 @@ class Engine:
             top_logprobs=[list(t) for t in seq.top_logprobs],
             num_cached_tokens=seq.num_cached_tokens,
             arrival_time=seq.arrival_time,
+            first_scheduled_time=seq.first_scheduled_time,
             first_token_time=seq.first_token_time,
             finish_time=seq.finish_time,
             token_times=list(seq.token_times),
+            num_preemptions=seq.num_preemptions,
         )
 
     def release_finished(self, request_id: str) -> None:

@@ -17,6 +17,9 @@ class RequestOutput:
     (max_tokens or context), ``abort`` or ``error`` (with ``error`` holding the message).
     ``logprobs``: the log-probability of each chosen token (float32, as sampled), one per token id.
     ``top_logprobs``: per token, the requested number of (token id, logprob) alternatives.
+    Times are ``time.perf_counter()`` seconds: ``arrival_time`` (added to the engine),
+    ``first_scheduled_time`` (first in a step's batch; None while it waits), ``first_token_time``,
+    ``finish_time`` and each token's time. ``num_preemptions``: how often it was preempted (recomputed).
     """
 
     request_id: str
@@ -29,9 +32,11 @@ class RequestOutput:
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     num_cached_tokens: int = 0
     arrival_time: float = 0.0
+    first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
     token_times: list[float] = field(default_factory=list)
+    num_preemptions: int = 0
 
     @property
     def finished(self) -> bool:

@@ -54,6 +54,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     error: str | None = None
     text: str = ""
+    first_scheduled_time: float | None = None  # perf_counter of the first step that ran it
     first_token_time: float | None = None
     finish_time: float | None = None
     token_times: list[float] = field(default_factory=list)

@@ -249,3 +249,77 @@ def prefix_chat(
         typer.echo(
             f"{mode}: median TTFT {speedup:.1f}x lower with the cache; outputs identical: {identical[mode]}"
         )
+
+
+@app.command("soak")
+def soak(
+    clients: Annotated[int, typer.Option(help="Concurrent clients.")] = 6,
+    minutes: Annotated[float, typer.Option(help="Minutes of load per round.")] = 1.0,
+    seed: Annotated[int, typer.Option(help="Seed of every client's choices.")] = 0,
+    rounds: Annotated[
+        int, typer.Option(help="Soaks back to back on the same seat (RSS compared with round 1's).")
+    ] = 1,
+    mem_budget_mb: Annotated[
+        float, typer.Option("--mem-budget-mb", help="The seat's model budget (MB); 20 holds two models.")
+    ] = 20.0,
+    sigterm_at: Annotated[
+        float | None,
+        typer.Option(
+            "--sigterm-at", help="After the rounds, one more phase of load ended by SIGTERM at SECONDS."
+        ),
+    ] = None,
+    negative_control: Annotated[
+        bool,
+        typer.Option(
+            "--negative-control",
+            help="Drop the seat's dead-letter writes (a fault hook): the soak must fail.",
+        ),
+    ] = False,
+    window: Annotated[
+        float | None,
+        typer.Option(help="Seconds per latency window and /proc sample (default 60)."),
+    ] = None,
+    drain_timeout: Annotated[
+        float, typer.Option("--drain-timeout", help="The seat's drain timeout (s).")
+    ] = 30.0,
+    threads: Annotated[int | None, typer.Option(help="Torch threads of the seat.")] = None,
+    workdir: Annotated[
+        Path | None,
+        typer.Option(help="Keep the seat's registry, DLQ and logs here (default: a temporary folder)."),
+    ] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the report here.")] = None,
+) -> None:
+    """A real seat under a faulty mixed load (both official clients, several models under a budget,
+    preemption, disconnects, aborts, slow readers, hostile bodies, a model that fails to load); every
+    request accounted for against /metrics, the DLQ and /proc. Exits 1 when a check fails."""
+    import json
+
+    from nxctl.soak.run import SoakOptions, run_soak
+
+    try:
+        opts = SoakOptions(
+            clients=clients,
+            minutes=minutes,
+            seed=seed,
+            rounds=rounds,
+            budget_mb=mem_budget_mb,
+            sigterm_at=sigterm_at,
+            negative_control=negative_control,
+            window_s=window,
+            drain_timeout=drain_timeout,
+            threads=threads,
+            workdir=workdir,
+        )
+        report = run_soak(opts, lambda line: typer.echo(f"soak: {line}", err=True))
+    except NxError as exc:
+        fail(str(exc))
+    text = json.dumps(report.to_json(), indent=2)
+    typer.echo(text)
+    if json_path is not None:
+        json_path.write_text(text + "\n")
+    for check in report.failed():
+        typer.echo(f"soak: FAILED {check.name}: {check.detail}", err=True)
+    verdict = "passed" if report.passed else f"FAILED ({len(report.failed())} checks)"
+    typer.echo(f"soak: {verdict}: {len(report.checks)} checks", err=True)
+    if not report.passed:
+        raise typer.Exit(1)

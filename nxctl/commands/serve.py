@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import socket
 import sys
 from pathlib import Path
@@ -39,6 +40,8 @@ def build_settings(
     speculative: str | None = None,
     num_speculative_tokens: int = 8,
     draft_model: str | None = None,
+    cors_origins: tuple[str, ...] = (),
+    faults: tuple[str, ...] = (),
 ) -> SeatSettings:
     """The seat's settings from the command's options (defaults: smollm2, unless a registry is given)."""
     chosen = tuple(models) if models else (() if registry is not None else ("smollm2",))
@@ -65,6 +68,8 @@ def build_settings(
         num_speculative_tokens=num_speculative_tokens,
         draft_model=draft_model,
         log_requests=not quiet,
+        cors_origins=cors_origins,
+        faults=faults,
     )
 
 
@@ -93,6 +98,7 @@ def listen(host: str, port: int) -> socket.socket:
 def run_seat(settings: SeatSettings, threads: int | None = None) -> None:
     """Load the models, serve until SIGINT / SIGTERM, drain, stop (glue over nxctl.server)."""
     from nxctl.server.app import create_app, preload_models
+    from nxctl.server.tracing import provider_from_env, traces_endpoint
     from nxctl.server.uvicorn_seat import make_server
 
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(message)s")
@@ -104,7 +110,10 @@ def run_seat(settings: SeatSettings, threads: int | None = None) -> None:
     if not is_loopback(settings.host):
         typer.echo(f"nxctl serve: warning: listening on {settings.host}, beyond this machine", err=True)
     sock = listen(settings.host, settings.port)
-    app = create_app(settings, preload=False)
+    tracer_provider = provider_from_env()  # once for the seat's life; the app flushes it on exit
+    app = create_app(settings, preload=False, tracer_provider=tracer_provider)
+    if tracer_provider is not None:
+        typer.echo(f"nxctl serve: tracing generation requests to {traces_endpoint(os.environ)} (OTLP/HTTP)")
     typer.echo(f"nxctl serve: loading {', '.join(settings.models) or 'nothing (models load on demand)'}")
     loaded = preload_models(app)
     shown_host = f"[{settings.host}]" if ":" in settings.host else settings.host
@@ -150,7 +159,12 @@ def serve(
         float, typer.Option("--drain-timeout", help="Seconds in-flight requests get at shutdown.")
     ] = 30.0,
     api_key: Annotated[
-        str | None, typer.Option("--api-key", help="Require Authorization: Bearer KEY.")
+        str | None,
+        typer.Option(
+            "--api-key",
+            envvar="NXCTL_API_KEY",
+            help="Require Authorization: Bearer KEY on every path but /health (or set NXCTL_API_KEY).",
+        ),
     ] = None,
     device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
     dtype: Annotated[
@@ -176,6 +190,19 @@ def serve(
         int, typer.Option("--num-speculative-tokens", help="K: most tokens proposed per request per step.")
     ] = 8,
     draft_model: Annotated[str | None, typer.Option("--draft-model", help=DRAFT_MODEL_HELP)] = None,
+    cors_origin: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--cors-origin",
+            help="Answer this browser origin with CORS headers (repeatable; none by default: no CORS headers).",
+        ),
+    ] = None,
+    fault: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--fault", hidden=True, help="Testing only: a documented fault hook (nxctl/server/faults.py)."
+        ),
+    ] = None,
 ) -> None:
     """Serve models over OpenAI- and Ollama-compatible HTTP APIs with continuous batching."""
     try:
@@ -183,7 +210,7 @@ def serve(
             model, host, port, registry, budget_mb, max_queue, dlq, dlq_max_rows, dlq_redact, drain_timeout,
             api_key, device, dtype, quantize, num_kv_blocks, default_max_tokens, keep_alive, max_body_mb,
             quiet, speculative=speculative, num_speculative_tokens=num_speculative_tokens,
-            draft_model=draft_model,
+            draft_model=draft_model, cors_origins=tuple(cors_origin or ()), faults=tuple(fault or ()),
         )  # fmt: skip
     except InvalidRequestError as exc:
         fail(str(exc))

@@ -1,8 +1,13 @@
-"""create_app(settings): the FastAPI app of the seat, its error handlers and its lifespan.
+"""create_app(settings): the FastAPI app of the seat, its error handlers, middleware and lifespan.
+
+Middleware, outermost first: CORS (only when ``cors_origins`` are given; no CORS header otherwise),
+the request spans (when tracing), the request log, the drain (counts requests in flight; 503 to new
+ones once the seat drains), the API key (every path but /health), the body limit.
 
 Start-up builds the model host (registry, budget, engine loops sharing one CoreLease), preloads the
-``--model`` models and starts the keep_alive reaper; shutdown stops every engine loop. Every error is
-JSON in the flavour of its API (errors.py); server-side failures are kept in the dead-letter store.
+``--model`` models and starts the keep_alive reaper; shutdown stops every engine loop (and flushes the
+traces, when tracing). Every error is JSON in the flavour of its API (errors.py); server-side failures
+are kept in the dead-letter store.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from opentelemetry.sdk.trace import TracerProvider
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -27,21 +34,28 @@ from nxctl.server import ollama_api, openai_api, responses_api
 from nxctl.server.api_errors import APIError, bad_request, error_body, from_engine
 from nxctl.server.bridge import CoreLease
 from nxctl.server.dlq import DeadLetterStore
+from nxctl.server.drain import Drain
+from nxctl.server.faults import apply_faults
 from nxctl.server.host import ModelHost, SeatModel
+from nxctl.server.idle_pool import default_pool
 from nxctl.server.middleware import ApiKey, BodyLimit, BodyTooLarge, RequestLog
 from nxctl.server.models import make_loader, preload_names, seat_registry
 from nxctl.server.prometheus_metrics import CONTENT_TYPE, SeatMetrics
 from nxctl.server.results import ClientGone
-from nxctl.server.seat import Seat, dead_letter, seat_of
+from nxctl.server.seat import Seat, dead_letter, note, seat_of
 from nxctl.server.settings import SeatSettings, default_dlq_path
+from nxctl.server.tracing import SeatTracer, TraceRequests
 
 log = logging.getLogger("nxctl.serve")
 REAP_INTERVAL_S = 0.5
 Loader = Callable[[ModelSpec], SeatModel]
 
 
-def build_seat(settings: SeatSettings, loader: Loader | None = None) -> tuple[Seat, list[str]]:
-    """The seat's shared state and the names to preload. ``loader`` replaces the real one (tests)."""
+def build_seat(
+    settings: SeatSettings, loader: Loader | None = None, tracer_provider: TracerProvider | None = None
+) -> tuple[Seat, list[str]]:
+    """The seat's shared state and the names to preload. ``loader`` replaces the real one (tests);
+    ``tracer_provider`` turns tracing on (None: off)."""
     metrics = SeatMetrics()
     registry = seat_registry(
         settings.models, settings.registry, settings.dtype, settings.num_kv_blocks, settings.quantize
@@ -59,7 +73,9 @@ def build_seat(settings: SeatSettings, loader: Loader | None = None) -> tuple[Se
         dlq = DeadLetterStore(
             settings.dlq_path or default_dlq_path(), settings.dlq_max_rows, settings.dlq_redact
         )
-    seat = Seat(settings, host, metrics, dlq, started=time.time())
+    tracer = None if tracer_provider is None else SeatTracer(tracer_provider)
+    dlq = apply_faults(dlq, settings.faults)  # none unless a negative control asks (faults.py)
+    seat = Seat(settings, host, metrics, dlq, started=time.time(), tracer=tracer)
     return seat, preload_names(settings.models, registry, settings.registry is not None)
 
 
@@ -72,13 +88,21 @@ def preload_models(app: FastAPI) -> list[str]:
     return list(app.state.preload)
 
 
-def create_app(settings: SeatSettings, loader: Loader | None = None, preload: bool = True) -> FastAPI:
+def create_app(
+    settings: SeatSettings,
+    loader: Loader | None = None,
+    preload: bool = True,
+    tracer_provider: TracerProvider | None = None,
+) -> FastAPI:
     """The seat's ASGI app. With ``preload``, the ``--model`` models load when the lifespan starts;
-    without, call ``preload_models(app)`` first (the CLI does, to report load errors as one line)."""
-    seat, names = build_seat(settings, loader)
+    without, call ``preload_models(app)`` first (the CLI does, to report load errors as one line).
+    With a ``tracer_provider`` (tracing.provider_from_env) every generation request is traced; the app
+    shuts the provider down (flushing its spans) when its lifespan ends."""
+    seat, names = build_seat(settings, loader, tracer_provider)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        asyncio.get_running_loop().set_default_executor(default_pool())  # to_thread's threads end when idle
         if preload:
             await asyncio.to_thread(preload_models, app)
         reaper = asyncio.create_task(_reap(seat.host))
@@ -89,6 +113,8 @@ def create_app(settings: SeatSettings, loader: Loader | None = None, preload: bo
             await asyncio.gather(reaper, return_exceptions=True)
             await asyncio.to_thread(seat.host.close)
             seat.acquirer.shutdown(wait=False, cancel_futures=True)
+            if seat.tracer is not None:
+                await asyncio.to_thread(seat.tracer.shutdown)
 
     app = FastAPI(title="nxctl seat", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.seat = seat
@@ -100,7 +126,17 @@ def create_app(settings: SeatSettings, loader: Loader | None = None, preload: bo
     _add_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(ApiKey, key=settings.api_key)
+    app.add_middleware(Drain, state=seat.drain)
     app.add_middleware(RequestLog, enabled=settings.log_requests)
+    if seat.tracer is not None:
+        app.add_middleware(TraceRequests, tracer=seat.tracer)
+    if settings.cors_origins:  # outermost: a browser's preflight is answered before the API key is asked
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["authorization", "content-type", "x-request-id"],
+        )
     return app
 
 
@@ -136,6 +172,7 @@ def _json_error(request: Request, err: APIError) -> JSONResponse:
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def on_api_error(request: Request, err: APIError) -> Response:
+        note(request, error=err.message)
         if err.dead_letter:
             dead_letter(request, err.status, err.message)
         return _json_error(request, err)

@@ -217,6 +217,8 @@ class EngineLoop:
                     return
                 if self.engine.has_unfinished():
                     self._step()
+                elif commands:  # an abort emptied the engine: no step follows to say so
+                    self._publish()
             except Exception as exc:  # noqa: BLE001 - the loop must outlive any one failure
                 log.exception("engine loop of %s failed", self.name)
                 self._fail_all(f"engine loop error: {type(exc).__name__}: {exc}")

@@ -36,6 +36,7 @@ class SeatModel:
     footprint: Footprint
     loaded_at: float  # wall clock (time.time)
     load_seconds: float
+    load_started: float | None = None  # perf_counter when its load began (None: its loader did not say)
 
     @property
     def name(self) -> str:

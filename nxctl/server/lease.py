@@ -9,6 +9,7 @@ until its last byte.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import Executor
 
@@ -19,6 +20,7 @@ from engine.errors import CapacityError, ShuttingDownError, UnknownModelError, W
 from nxctl.server.api_errors import APIError, from_engine
 from nxctl.server.host import ModelHost, SeatModel
 from nxctl.server.keep_alive import KeepAlive
+from nxctl.server.timeline import ModelLoad, RequestTimeline
 
 
 def load_failure(name: str, exc: Exception) -> APIError:
@@ -30,12 +32,21 @@ def load_failure(name: str, exc: Exception) -> APIError:
     return APIError(500, f"model '{name}' failed to load: {from_engine(exc).message}", dead_letter=True)
 
 
+def load_set_off(model: SeatModel, since: float) -> ModelLoad | None:
+    """The model's load when it began at or after ``since`` (perf_counter): an acquire that began then
+    set it off. None for a model loaded before."""
+    if model.load_started is None or model.load_started < since:
+        return None
+    return ModelLoad(model.name, model.load_started, model.load_started + model.load_seconds)
+
+
 class ModelLease:
     """Holds a model busy for one request (never evicted meanwhile); ``keep_alive`` applies on release.
 
     Acquiring may wait for a load or for room, so it runs on ``executor`` (the seat's own pool, never
     the event loop's default one). Releasing is quick bookkeeping done on the event loop, so a release
     can never queue behind waiting acquires; only a release that unloads (keep_alive 0) uses a thread.
+    A load the acquire sets off is recorded on ``timeline`` (when tracing).
     """
 
     def __init__(
@@ -45,10 +56,12 @@ class ModelLease:
         keep_alive: KeepAlive | None = None,
         timeout: float = 300,
         executor: Executor | None = None,
+        timeline: RequestTimeline | None = None,
     ) -> None:
         self.host, self.name, self.timeout = host, name, timeout
         self.keep_alive = keep_alive if keep_alive is not None else KeepAlive()
         self.executor = executor
+        self.timeline = timeline
         self.seat: SeatModel | None = None
         self.load_seconds = 0.0
         self.handed_over = False
@@ -56,7 +69,7 @@ class ModelLease:
     async def __aenter__(self) -> SeatModel:
         """Acquire the model (maybe loading it); an APIError when it cannot be had."""
         loop = asyncio.get_running_loop()
-        started = loop.time()
+        started, asked = loop.time(), time.perf_counter()
         try:
             seat: SeatModel = await loop.run_in_executor(
                 self.executor, self.host.acquire, self.name, self.timeout
@@ -65,6 +78,8 @@ class ModelLease:
             raise load_failure(self.name, exc) from exc
         self.seat = seat
         self.load_seconds = loop.time() - started
+        if self.timeline is not None:
+            self.timeline.model_load = load_set_off(seat, asked)
         return seat
 
     async def __aexit__(self, *exc: object) -> None:

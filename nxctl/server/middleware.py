@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import re
 import time
 
 from starlette.responses import JSONResponse
@@ -13,6 +14,7 @@ from nxctl.server.api_errors import APIError, error_body
 
 log = logging.getLogger("nxctl.serve")
 OPEN_PATHS = frozenset({"/health"})
+LOGGED_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")  # a client's X-Request-Id fit for the log line
 
 
 class BodyTooLarge(Exception):
@@ -52,7 +54,9 @@ async def _reject(scope: Scope, receive: Receive, send: Send, err: APIError) -> 
 
 
 class RequestLog:
-    """Logs ``METHOD PATH model=M status=S tokens=P+C latency=Ts`` once the response has ended.
+    """Logs ``METHOD PATH model=M status=S tokens=P+C latency=Ts`` once the response has ended, then
+    `` error='...'`` when it failed and `` id=ID`` when the client sent a plain X-Request-Id (so a client
+    can find its own requests in the log).
 
     Handlers add facts through ``request.state.log`` (see handling.note)."""
 
@@ -78,7 +82,9 @@ class RequestLog:
         finally:
             facts = state.get("log", {})
             tokens = f"{facts.get('prompt_tokens', '-')}+{facts.get('completion_tokens', '-')}"
-            error = f" error={facts['error']!r}" if facts.get("error") else ""
+            tail = f" error={facts['error']!r}" if facts.get("error") else ""
+            given = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
+            tail += f" id={given}" if LOGGED_ID.match(given) else ""
             log.info(
                 "%s %s model=%s status=%s tokens=%s latency=%.3fs%s",
                 scope["method"],
@@ -87,7 +93,7 @@ class RequestLog:
                 status[0] or "499",
                 tokens,
                 time.perf_counter() - started,
-                error,
+                tail,
             )
 
 

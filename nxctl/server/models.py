@@ -77,6 +77,7 @@ def make_loader(
         hook = None if on_stats is None else (lambda stats: on_stats(spec.name, stats))
         loop = EngineLoop(llm.engine, spec.name, lease, hook)
         loop.start()
-        return SeatModel(spec, llm, loop, footprint_of_spec(spec), time.time(), time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        return SeatModel(spec, llm, loop, footprint_of_spec(spec), time.time(), seconds, started)
 
     return load

@@ -32,6 +32,7 @@ from nxctl.server.schemas_ollama import ChatRequest, EmbedRequest, GenerateReque
 from nxctl.server.seat import note, seat_of
 from nxctl.server.settings import DEFAULT_NUM_CTX
 from nxctl.server.submit import submit
+from nxctl.server.timeline import timeline_of
 from nxctl.server.to_engine_params import Work, ollama_chat_work, ollama_embed_ids, ollama_generate_work
 
 router = APIRouter()
@@ -45,7 +46,7 @@ async def _generate(
 ) -> Response:
     """One chat or generate turn: NDJSON lines (the stream owns the lease) unless ``stream`` is false."""
     seat, arrival = seat_of(request), time.perf_counter()
-    lease = seat.lease(req.model, req.keep())
+    lease = seat.lease(req.model, req.keep(), timeline_of(request))
     async with lease as model:
         work = await to_work(req, model, seat.settings.default_max_tokens)
         gen = submit(request, model, work, "ollama", arrival)
@@ -72,7 +73,7 @@ async def _load_or_unload(request: Request, name: str, keep: KeepAlive, endpoint
         await asyncio.to_thread(seat.host.unload, name)
         reason: Literal["load", "unload"] = "unload"
     else:
-        async with seat.lease(name, keep):
+        async with seat.lease(name, keep, timeline_of(request)):
             reason = "load"
     return JSONResponse(ollama_format.loaded(name, endpoint, reason))
 

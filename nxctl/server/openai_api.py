@@ -29,6 +29,7 @@ from nxctl.server.results import collect, stream
 from nxctl.server.schemas_openai import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from nxctl.server.seat import note, seat_of
 from nxctl.server.submit import Generation, submit
+from nxctl.server.timeline import timeline_of
 from nxctl.server.to_engine_params import Work, chat_work, completion_work, embedding_ids
 
 router = APIRouter()
@@ -52,7 +53,7 @@ async def chat_completions(request: Request) -> Response:
     """A chat completion: SSE chunks when ``stream``, else one body."""
     seat, arrival = seat_of(request), time.perf_counter()
     req = await parse_body(request, ChatCompletionRequest)
-    lease = seat.lease(req.model)
+    lease = seat.lease(req.model, timeline=timeline_of(request))
     async with lease as model:
         work = await chat_work(req, model, seat.settings.default_max_tokens)
         gen = submit(request, model, work, "chatcmpl", arrival, req.user)
@@ -73,7 +74,7 @@ async def completions(request: Request) -> Response:
     """A text completion of one or more prompts: SSE chunks when ``stream``, else one body."""
     seat, arrival = seat_of(request), time.perf_counter()
     req = await parse_body(request, CompletionRequest)
-    lease = seat.lease(req.model)
+    lease = seat.lease(req.model, timeline=timeline_of(request))
     async with lease as model:
         work = await completion_work(req, model, seat.settings.default_max_tokens)
         gen = submit(request, model, work, "cmpl", arrival, req.user)

@@ -22,6 +22,7 @@ from nxctl.server.results import collect, stream
 from nxctl.server.schemas_responses import ResponsesRequest, in_responses_terms
 from nxctl.server.seat import seat_of
 from nxctl.server.submit import submit
+from nxctl.server.timeline import timeline_of
 from nxctl.server.to_engine_params import chat_work
 
 router = APIRouter()
@@ -50,7 +51,7 @@ async def responses(request: Request) -> Response:
     seat, arrival = seat_of(request), time.perf_counter()
     req = await parse_body(request, ResponsesRequest)
     chat = req.as_chat()  # checked before the model is leased
-    lease = seat.lease(req.model)
+    lease = seat.lease(req.model, timeline=timeline_of(request))
     async with lease as model:
         try:
             work = await chat_work(chat, model, seat.settings.default_max_tokens)

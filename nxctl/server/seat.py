@@ -4,25 +4,31 @@ facts and, for a server-side failure, a dead letter."""
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 
 from nxctl.server.dlq import DeadLetterStore
+from nxctl.server.drain import DrainState
 from nxctl.server.host import ModelHost
+from nxctl.server.idle_pool import POOL_IDLE_S, IdleThreadPool
 from nxctl.server.keep_alive import KeepAlive
 from nxctl.server.lease import ModelLease
 from nxctl.server.prometheus_metrics import SeatMetrics
 from nxctl.server.settings import SeatSettings
+from nxctl.server.timeline import RequestTimeline
+
+if TYPE_CHECKING:
+    from nxctl.server.tracing import SeatTracer
 
 log = logging.getLogger("nxctl.serve")
 
 
-def _acquirer() -> ThreadPoolExecutor:
-    """The seat's own pool for lease acquires (they may block on a load or on room)."""
-    return ThreadPoolExecutor(max_workers=64, thread_name_prefix="nxctl-acquire")
+def _acquirer() -> IdleThreadPool:
+    """The seat's own pool for lease acquires (they may block on a load or on room); its threads end
+    once idle, so an idle seat holds none."""
+    return IdleThreadPool(max_workers=64, idle_s=POOL_IDLE_S, name="nxctl-acquire")
 
 
 @dataclass
@@ -34,12 +40,17 @@ class Seat:
     metrics: SeatMetrics
     dlq: DeadLetterStore | None
     started: float = 0.0  # wall clock
-    acquirer: ThreadPoolExecutor = field(default_factory=_acquirer)
+    tracer: SeatTracer | None = None  # None: tracing is off
+    acquirer: IdleThreadPool = field(default_factory=_acquirer)
+    drain: DrainState = field(default_factory=DrainState)
 
-    def lease(self, name: str, keep_alive: KeepAlive | None = None) -> ModelLease:
-        """A lease on model ``name`` for one request (acquired on the seat's own thread pool)."""
+    def lease(
+        self, name: str, keep_alive: KeepAlive | None = None, timeline: RequestTimeline | None = None
+    ) -> ModelLease:
+        """A lease on model ``name`` for one request (acquired on the seat's own thread pool); a load it
+        sets off goes on the request's ``timeline`` when it has one."""
         keep = keep_alive if keep_alive is not None else KeepAlive()
-        return ModelLease(self.host, name, keep, self.settings.load_timeout_s, self.acquirer)
+        return ModelLease(self.host, name, keep, self.settings.load_timeout_s, self.acquirer, timeline)
 
 
 def seat_of(request: Request) -> Seat:

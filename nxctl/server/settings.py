@@ -10,6 +10,7 @@ from typing import Any
 from engine.config import QUANTIZE_MODES
 from engine.errors import InvalidRequestError
 from engine.spec.config import SpecConfig
+from nxctl.server.faults import SEAT_FAULTS
 
 DEFAULT_PORT = 11434
 DEFAULT_MAX_TOKENS = 512
@@ -52,7 +53,9 @@ class SeatSettings:
 
     ``budget_mb`` None: no budget (every servable model may be resident at once). ``keep_alive_s`` None:
     models stay until evicted. ``max_queue``: requests admitted but not yet started, per model, before
-    503. ``default_max_tokens``: when a request names no limit.
+    503. ``default_max_tokens``: when a request names no limit. ``cors_origins``: the browser origins
+    answered with CORS headers (none by default: no CORS header at all). ``faults``: documented fault
+    hooks (nxctl/server/faults.py), for negative controls only.
     """
 
     models: tuple[str, ...] = ("smollm2",)
@@ -79,6 +82,8 @@ class SeatSettings:
     speculative: str | None = None  # every served model's engine speculates (engine/spec); None: off
     num_speculative_tokens: int = 8
     draft_model: str | None = None
+    cors_origins: tuple[str, ...] = ()
+    faults: tuple[str, ...] = ()  # testing only: nxctl/server/faults.py
 
     @property
     def speculation(self) -> dict[str, Any]:
@@ -100,6 +105,8 @@ class SeatSettings:
             "num_kv_blocks": self.num_kv_blocks >= 1,
             "budget_mb": self.budget_mb is None or self.budget_mb > 0,
             "quantize": self.quantize in QUANTIZE_MODES,
+            "faults": all(f in SEAT_FAULTS for f in self.faults),
+            "cors_origins": all(o == "*" or o.startswith(("http://", "https://")) for o in self.cors_origins),
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 import uuid
 from collections.abc import AsyncGenerator
 
@@ -25,6 +26,7 @@ from nxctl.server.bridge import AsyncSink
 from nxctl.server.host import SeatModel
 from nxctl.server.prometheus_metrics import SeatMetrics
 from nxctl.server.seat import Seat, note, seat_of
+from nxctl.server.timeline import RequestTimeline, timeline_of
 from nxctl.server.to_engine_params import Job, Work
 
 _ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
@@ -47,7 +49,8 @@ def check_queue(seat: Seat, model: SeatModel) -> None:
 
 
 class Generation:
-    """The jobs of one HTTP request on one model, read as outputs (job index = choice index)."""
+    """The jobs of one HTTP request on one model, read as outputs (job index = choice index). When the
+    request is traced, its ``timeline`` gets the jobs' outputs, and the moment a reader left them."""
 
     def __init__(
         self,
@@ -57,9 +60,11 @@ class Generation:
         metrics: SeatMetrics | None,
         arrival: float,
         tenant: str | None = None,
+        timeline: RequestTimeline | None = None,
     ) -> None:
         self.model, self.jobs, self.request_id = model, jobs, request_id
         self.metrics, self.arrival, self.tenant = metrics, arrival, tenant
+        self.timeline = timeline
         self._queue: asyncio.Queue = asyncio.Queue()
         self._ids: list[str] = []
         self._open: set[int] = set()
@@ -67,6 +72,8 @@ class Generation:
     def _start(self) -> None:
         """Submit every job to the model's engine loop (mutates the loop's inbox); 503 if it stops."""
         loop = asyncio.get_running_loop()
+        if self.timeline is not None:
+            self.timeline.submitted = time.perf_counter()
         for index, job in enumerate(self.jobs):
             sink = AsyncSink(loop, self._queue, index)
             rid = f"{self.request_id}-{index}"
@@ -102,6 +109,8 @@ class Generation:
             if index in self._open:
                 latest[index] = item
         for index, out in latest.items():
+            if self.timeline is not None:
+                self.timeline.saw(index, out)
             if out.finished:
                 self._open.discard(index)
                 if self.metrics is not None:
@@ -110,18 +119,36 @@ class Generation:
 
     def abort(self) -> None:
         """Abort every job that has not finished (idempotent; thread-safe through the loop's inbox)."""
+        if self.timeline is not None and self._open:
+            self._record_left(self.timeline)
         for index in list(self._open):
             self.model.loop.abort(self._ids[index])
         self._open.clear()
+
+    def _record_left(self, timeline: RequestTimeline) -> None:
+        """On the timeline (from the event loop): the open jobs' newest outputs, those queued unread
+        included, and that they were left now."""
+        while not self._queue.empty():
+            index, item = self._queue.get_nowait()
+            if index in self._open and not isinstance(item, BaseException):
+                timeline.saw(index, item)
+        now = time.perf_counter()
+        for index in self._open:
+            timeline.left(index, now)
 
 
 def submit(
     request: Request, model: SeatModel, work: Work, prefix: str, arrival: float, tenant: str | None = None
 ) -> Generation:
     """The request's work as a Generation on ``model`` (503 when its queue is full); the request id is
-    the client's X-Request-Id or ``prefix-<hex>``; the log line gets the prompt tokens."""
+    the client's X-Request-Id or ``prefix-<hex>``; the log line (and the timeline, when traced) gets the
+    prompt tokens."""
     seat = seat_of(request)
     check_queue(seat, model)
-    generation = Generation(model, work.jobs, request_id(request, prefix), seat.metrics, arrival, tenant)
+    timeline = timeline_of(request)
+    rid = request_id(request, prefix)
+    generation = Generation(model, work.jobs, rid, seat.metrics, arrival, tenant, timeline)
+    if timeline is not None:
+        timeline.submit(rid, model.name, work.prompt_tokens, len(work.jobs))
     note(request, prompt_tokens=work.prompt_tokens)
     return generation

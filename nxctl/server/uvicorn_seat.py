@@ -1,8 +1,10 @@
 """Running the seat with uvicorn: in the foreground (signals, drain, exit 0) or in a background thread.
 
-Shutdown (SIGINT / SIGTERM, or ``stop()``): stop accepting, let in-flight requests finish for up to
-``drain_timeout`` seconds, then abort what is left through the engine loops, so that each of those
-requests is still answered (an error, kept as a dead letter) rather than cut off; then stop the loops.
+Shutdown (SIGINT / SIGTERM, or ``stop()``): the seat drains. It keeps listening, but every new request
+is answered 503 with a JSON error (nxctl/server/drain.py), while the requests in flight finish for up to
+``drain_timeout`` seconds; then what is left is aborted through the engine loops, so that each of those
+requests is still answered (an error, kept as a dead letter) rather than cut off. Only then does it stop
+listening, close its connections and stop the loops.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from collections.abc import Callable, Iterator
 import uvicorn
 from fastapi import FastAPI
 
+from nxctl.server.drain import DrainState
+
 GRACE_AFTER_ABORT_S = 5.0
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -31,11 +35,13 @@ class SeatServer(uvicorn.Server):
         drain_timeout: float,
         on_drain_timeout: Callable[[], None] | None = None,
         on_ready: Callable[[], None] | None = None,
+        drain: DrainState | None = None,
     ) -> None:
         super().__init__(config)
         self.drain_timeout = drain_timeout
         self.on_drain_timeout = on_drain_timeout
         self.on_ready = on_ready
+        self.drain = drain if drain is not None else DrainState()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -56,16 +62,23 @@ class SeatServer(uvicorn.Server):
             self.on_ready()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Drain (new requests 503, those in flight finish or are aborted), then uvicorn's shutdown."""
+        self.drain.draining = True
+        await self._until_idle(self.drain_timeout)
+        if self.drain.in_flight and self.on_drain_timeout is not None:
+            await asyncio.to_thread(self.on_drain_timeout)
+            await self._until_idle(GRACE_AFTER_ABORT_S)
         for server in getattr(self, "servers", []):
             server.close()
         for connection in list(self.server_state.connections):
             connection.shutdown()
-        deadline = time.monotonic() + self.drain_timeout
-        while self.server_state.connections and time.monotonic() < deadline and not self.force_exit:
-            await asyncio.sleep(0.05)
-        if self.server_state.connections and self.on_drain_timeout is not None:
-            await asyncio.to_thread(self.on_drain_timeout)
         await super().shutdown(sockets)
+
+    async def _until_idle(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for the requests in flight to end (a second signal stops waiting)."""
+        deadline = time.monotonic() + seconds
+        while self.drain.in_flight and time.monotonic() < deadline and not self.force_exit:
+            await asyncio.sleep(0.05)
 
 
 def make_server(app: FastAPI, host: str, port: int, drain_timeout: float, on_ready=None) -> SeatServer:
@@ -80,7 +93,7 @@ def make_server(app: FastAPI, host: str, port: int, drain_timeout: float, on_rea
         lifespan="on",
     )
     seat = app.state.seat
-    return SeatServer(config, drain_timeout, seat.host.abort_all, on_ready)
+    return SeatServer(config, drain_timeout, seat.host.abort_all, on_ready, seat.drain)
 
 
 def free_socket(host: str = "127.0.0.1") -> socket.socket:

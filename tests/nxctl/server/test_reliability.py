@@ -45,6 +45,21 @@ def test_a_streaming_client_that_disconnects_is_aborted_and_its_blocks_freed(sea
     assert wait_until(lambda: idle(seat)), "the request was not aborted"
 
 
+def test_metrics_say_idle_once_a_disconnected_request_is_aborted(seat) -> None:
+    """An abort that empties the engine is followed by no step: the loop publishes its gauges anyway."""
+    body = {"model": "tiny", "messages": USER, "max_tokens": 900, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", seat.url + "/v1/chat/completions", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        next(lines), next(lines), next(lines)
+    assert wait_until(lambda: idle(seat)), "the request was not aborted"
+
+    def gauges() -> list[str]:
+        names = ("vllm:num_requests_running{", "vllm:kv_cache_usage_perc{")
+        return [m for m in httpx.get(seat.url + "/metrics").text.splitlines() if m.startswith(names)]
+
+    assert wait_until(lambda: all(g.endswith(" 0.0") for g in gauges())), gauges()
+
+
 def test_a_waiting_client_that_disconnects_is_aborted_too(tmp_path: Path, tiny_settings) -> None:
     lease = CoreLease()  # held by the test: the engine cannot step, so the answer cannot come in time
     app = create_app(tiny_settings(tmp_path), loader=make_loader("cpu", lease))
