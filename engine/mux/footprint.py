@@ -39,6 +39,7 @@ class Footprint:
     kv_bytes_per_block: int
     activation_bytes: int
     max_position_embeddings: int
+    draft_bytes: int = 0  # a speculative draft model's weights and KV pool, held beside (engine/spec)
 
     @property
     def kv_bytes(self) -> int:
@@ -46,12 +47,13 @@ class Footprint:
 
     @property
     def total_bytes(self) -> int:
-        return self.weight_bytes + self.kv_bytes + self.activation_bytes
+        return self.weight_bytes + self.kv_bytes + self.activation_bytes + self.draft_bytes
 
     @property
     def held_bytes(self) -> int:
-        """Weights plus KV pool: the tensor bytes the loaded model owns (activations come and go)."""
-        return self.weight_bytes + self.kv_bytes
+        """Weights plus KV pool (and a draft's): the tensor bytes the loaded model owns (activations
+        come and go)."""
+        return self.weight_bytes + self.kv_bytes + self.draft_bytes
 
     @property
     def context_tokens(self) -> int:
@@ -59,7 +61,7 @@ class Footprint:
 
     def max_kv_blocks(self, budget_bytes: int) -> int:
         """The most KV blocks that fit beside weights and activations under ``budget_bytes`` (0 if none)."""
-        room = budget_bytes - self.weight_bytes - self.activation_bytes
+        room = budget_bytes - self.weight_bytes - self.activation_bytes - self.draft_bytes
         return max(room // self.kv_bytes_per_block, 0)
 
     def max_context(self, budget_bytes: int) -> int:
@@ -77,6 +79,7 @@ class Footprint:
             "kv_bytes_per_block": self.kv_bytes_per_block,
             "kv_bytes": self.kv_bytes,
             "activation_bytes": self.activation_bytes,
+            "draft_bytes": self.draft_bytes,
             "total_bytes": self.total_bytes,
             "context_tokens": self.context_tokens,
         }

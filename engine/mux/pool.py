@@ -123,7 +123,10 @@ class ModelPool:
         on_event: EventHook | None = None,
         keep_alive_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        draft_model: str | None = None,
     ) -> None:
+        """``draft_model``: the speculative draft each loaded model holds beside it (counted in its
+        footprint)."""
         if isinstance(policy, str) and policy.strip().lower() == "oracle":
             raise InvalidRequestError("the oracle policy needs the future; a live pool cannot use it")
         self.registry = registry
@@ -133,7 +136,14 @@ class ModelPool:
         self._on_unload = on_unload or (lambda model: None)
         self._on_event = on_event or (lambda event, name: None)
         self._clock = clock
-        self._footprints = {m.id: footprint_of_spec(m) for m in registry.models if m.source is not None}
+        if draft_model:
+            from engine.spec.footprint import footprint_with_draft
+
+            self._footprints = {
+                m.id: footprint_with_draft(m, draft_model) for m in registry.models if m.source is not None
+            }
+        else:
+            self._footprints = {m.id: footprint_of_spec(m) for m in registry.models if m.source is not None}
         sizes = {m.id: registry.size_bytes(m.id) for m in registry.models if m.source is None}
         sizes |= {m: f.total_bytes for m, f in self._footprints.items()}
         budget = (

@@ -67,6 +67,7 @@ def build_seat(
         budget_bytes=budget,
         keep_alive_s=settings.keep_alive_s,
         on_event=metrics.observe_event,
+        draft_model=settings.draft_model if settings.speculative == "draft" else None,
     )
     dlq = None
     if settings.dlq_enabled:

@@ -11,6 +11,7 @@ from engine.errors import InvalidRequestError
 from engine.loader import resolve_model
 from engine.mux.footprint import footprint_of_spec
 from engine.mux.registry import ModelSpec, Registry, load_registry
+from engine.spec.footprint import footprint_with_draft
 from nxctl.server.bridge import CoreLease, EngineLoop, LoopStats
 from nxctl.server.host import SeatModel
 
@@ -78,6 +79,8 @@ def make_loader(
         loop = EngineLoop(llm.engine, spec.name, lease, hook)
         loop.start()
         seconds = time.perf_counter() - started
-        return SeatModel(spec, llm, loop, footprint_of_spec(spec), time.time(), seconds, started)
+        draft = (speculation or {}).get("draft_model")
+        footprint = footprint_with_draft(spec, draft) if draft else footprint_of_spec(spec)
+        return SeatModel(spec, llm, loop, footprint, time.time(), seconds, started)
 
     return load

@@ -248,3 +248,19 @@ def test_a_draft_with_another_tokenizer_is_refused(tmp_path: Path) -> None:
     (other / "tokenizer.json").write_text(json.dumps(data))
     with pytest.raises(InvalidRequestError, match="another tokenizer"):
         LLM("tiny", num_kv_blocks=16, speculative="draft", draft_model=str(other))
+
+
+@pytest.mark.parametrize("draft", ["layers:1", "tiny"])
+def test_a_draft_model_s_memory_is_in_its_target_s_footprint(draft: str) -> None:
+    """A pool under a budget counts the draft's weights and KV pool beside the target's: the computed
+    bytes equal what the running draft proposer holds."""
+    from engine.mux.footprint import footprint_of_spec
+    from engine.mux.registry import ModelSpec
+    from engine.spec.footprint import footprint_with_draft
+
+    spec = ModelSpec(id=1, name="tiny", source="tiny", num_kv_blocks=32)
+    llm = LLM("tiny", num_kv_blocks=32, speculative="draft", draft_model=draft)
+    held = llm.engine._proposer.weight_bytes  # type: ignore[union-attr]
+    with_draft = footprint_with_draft(spec, draft)
+    assert with_draft.draft_bytes == held > 0
+    assert with_draft.total_bytes == footprint_of_spec(spec).total_bytes + held
