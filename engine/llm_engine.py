@@ -241,8 +241,9 @@ class Engine:
 
     def _propose(self) -> None:
         """Before scheduling: proposals for the running requests about to decode (mutates their
-        ``draft_token_ids``). None while more requests decode than ``spec_max_batch``, for requests
-        with a grammar, and for requests their back-off pauses; never past max_tokens or the context."""
+        ``draft_token_ids``). None while more requests decode than ``spec_max_batch`` and for requests
+        their back-off pauses; never past max_tokens or the context, nor past what a request's grammar
+        allows (its verify rows are then masked one by one, as its plain steps would be)."""
         if self._proposer is None:
             return
         decoding = [s for s in self._scheduler.running if s.is_decoding]
@@ -252,8 +253,6 @@ class Engine:
             return
         wanted: list[tuple[Sequence, int]] = []
         for seq in decoding:
-            if seq.matcher is not None:
-                continue
             if seq.backoff is None:
                 seq.backoff = SpecBackoff(self._spec.num_tokens)
             room = min(
@@ -264,6 +263,11 @@ class Engine:
                 wanted.append((seq, n))
         if wanted:
             for (seq, n), proposal in zip(wanted, self._proposer.propose(wanted), strict=True):
+                if seq.matcher is not None and not self._faults.grammar_mask_off:
+                    allowed = proposal[: seq.matcher.allowed_prefix(proposal[:n])]
+                    if proposal and not allowed:  # nothing to verify: the proposer drops what it drafted
+                        self._proposer.verified(seq)
+                    proposal = allowed
                 seq.draft_token_ids = proposal[:n]
 
     def _forget_drafts(self, seqs: list[Sequence]) -> None:
@@ -281,7 +285,9 @@ class Engine:
         def sample_row(i: int) -> Sample:
             seq.num_computed_tokens = start + i + 1  # rows 0..i hold real tokens
             self._scheduler.register_computed(seq)
-            request = SampleRequest(seq.params, seq.generator, seq.prompt_token_ids, seq.output_token_ids)
+            request = SampleRequest(
+                seq.params, seq.generator, seq.prompt_token_ids, seq.output_token_ids, self._row_mask(seq)
+            )
             choice = sample_batch(logits[first + i : first + i + 1], [request])[0]
             if isinstance(choice, Exception):
                 raise choice
@@ -309,14 +315,30 @@ class Engine:
         return self._output(seq)
 
     def _constrained_samplers(self, out: SchedulerOutput) -> list[tuple[Sequence, GrammarMatcher]]:
-        """The step's requests that have a grammar and sample a token at its end."""
+        """The step's requests that have a grammar and sample one token at its end (a verifying
+        request's rows are masked one at a time, in ``_verify``)."""
         if self._faults.grammar_mask_off:
             return []
         return [
             (s.seq, s.seq.matcher)
             for s in out.scheduled
-            if s.seq.matcher is not None and s.num_new_tokens == s.seq.num_uncomputed
+            if s.seq.matcher is not None
+            and s.num_new_tokens == s.seq.num_uncomputed
+            and not s.seq.draft_token_ids
         ]
+
+    def _row_mask(self, seq: Sequence) -> TokenMask | None:
+        """A verifying request's mask for its next row, from its grammar's state now (None: no grammar)."""
+        if seq.matcher is None or self._faults.grammar_mask_off:
+            return None
+        began = time.perf_counter()
+        mask = TokenMask(seq.matcher.mask(), seq.matcher.vocab_size)
+        seconds = time.perf_counter() - began
+        st = self._stats
+        st.grammar_mask_seconds += seconds
+        st.grammar_wait_seconds += seconds
+        st.grammar_masks += 1
+        return mask
 
     def _collect_masks(
         self, seqs: list[Sequence], pending: Future[tuple[list[TokenMask], float]] | None

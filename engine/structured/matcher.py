@@ -32,6 +32,17 @@ class GrammarMatcher:
         its error state, for good)."""
         return bool(self._matcher.consume_token(token_id))
 
+    def allowed_prefix(self, token_ids: list[int]) -> int:
+        """How many of ``token_ids``, taken in order from here, the grammar allows (no state change):
+        a proposal past that point cannot be accepted."""
+        return int(self._matcher.validate_tokens(token_ids))
+
+    def mask(self) -> torch.Tensor:
+        """The next token's bitmask, [mask_words(vocab)] int32 (computed now, on this thread)."""
+        row = torch.zeros(mask_words(self.vocab_size), dtype=torch.int32)
+        self.fill(row)
+        return row
+
     def rollback(self, num_tokens: int) -> None:
         """Forget the last ``num_tokens`` tokens taken."""
         self._matcher.rollback(num_tokens)

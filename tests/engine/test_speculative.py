@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -178,16 +179,44 @@ def test_speculation_pauses_while_the_batch_is_large() -> None:
     assert spec.engine.counters.spec_drafts > 0
 
 
-def test_requests_with_a_grammar_decode_plainly_beside_speculating_ones(plain_tiny: LLM) -> None:
+def test_requests_with_a_grammar_speculate_and_keep_their_bits(plain_tiny: LLM) -> None:
+    """A constrained request's proposals are cut where its grammar would refuse them and its verify
+    rows are masked one at a time from the grammar's state there: outputs equal the plain run's,
+    greedy and seeded, beside an unconstrained request, and repetitive JSON gets proposals accepted."""
     from engine.structured.grammar import Grammar
 
-    spec = LLM("tiny", num_kv_blocks=128, speculative="ngram", num_speculative_tokens=4)
-    prompts = [plain_tiny.tokenizer.encode(p) for p in PROMPTS[:2]]
-    params = [
-        SamplingParams(max_tokens=20, temperature=0, grammar=Grammar.regex("[a-z ]{5,30}")),
-        _params()[0],
+    schema = {
+        "type": "object",
+        "properties": {
+            "items": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"sku": {"type": "string", "maxLength": 4}, "qty": {"type": "integer"}},
+                    "required": ["sku", "qty"],
+                    "additionalProperties": False,
+                },
+                "maxItems": 6,
+            }
+        },
+        "required": ["items"],
+        "additionalProperties": False,
+    }
+    grammars = [
+        Grammar.json_schema(json.dumps(schema)),
+        Grammar.regex("(ab|cd ){3,12}"),
+        Grammar.choice(["yes", "no"]),
     ]
+    prompts = [plain_tiny.tokenizer.encode(p) for p in PROMPTS[:4]]
+    params = [
+        SamplingParams(max_tokens=120, temperature=t, seed=7, grammar=g) for g in grammars for t in (0.0, 0.8)
+    ] + [_params()[0]]
+    prompts = [prompts[i % len(prompts)] for i in range(len(params))]
+    spec = LLM("tiny", num_kv_blocks=128, speculative="ngram", num_speculative_tokens=6)
     assert _outputs(spec, prompts, params) == _outputs(plain_tiny, prompts, params)
+    constrained = LLM("tiny", num_kv_blocks=128, speculative="ngram", num_speculative_tokens=6)
+    _outputs(constrained, prompts[:4], params[:4])  # the JSON and regex requests alone
+    assert constrained.engine.counters.spec_accepted_tokens > 0
 
 
 def test_a_verifying_request_counts_as_a_decode_not_a_prefill_chunk() -> None:
