@@ -81,6 +81,13 @@ class SeatServer(uvicorn.Server):
             await asyncio.sleep(0.05)
 
 
+# An idle keep-alive connection is closed by the client first: httpx (under the openai and ollama
+# clients) lets its idle connections go after 5 s, uvicorn's default was 5 s too, and a request sent
+# on a connection the seat was closing at that moment died as a ReadError / connection error with no
+# answer (the 30-minute soak lost 5 requests of 17811 so). Longer than any client's idle expiry.
+KEEP_ALIVE_S = 65
+
+
 def make_server(app: FastAPI, host: str, port: int, drain_timeout: float, on_ready=None) -> SeatServer:
     """A SeatServer for the seat's ``app`` (its drain aborts through the app's model host)."""
     config = uvicorn.Config(
@@ -89,6 +96,7 @@ def make_server(app: FastAPI, host: str, port: int, drain_timeout: float, on_rea
         port=port,
         log_level="warning",
         access_log=False,
+        timeout_keep_alive=KEEP_ALIVE_S,
         timeout_graceful_shutdown=int(GRACE_AFTER_ABORT_S),
         lifespan="on",
     )

@@ -53,3 +53,15 @@ def test_a_draining_seat_refuses_new_requests_and_finishes_the_running_ones(
         assert not stopper.is_alive() and state.in_flight == 0
     finally:
         seat.stop()
+
+
+def test_the_seat_keeps_idle_connections_longer_than_its_clients_do() -> None:
+    """The client must be the one to close an idle keep-alive connection: a request sent on a
+    connection the server is closing at that instant gets no answer at all (seen in the 30-minute soak).
+    httpx (under the openai and ollama clients) lets idle connections go after 5 s."""
+    import httpx
+
+    from nxctl.server.uvicorn_seat import KEEP_ALIVE_S
+
+    client_expiry = httpx.Limits().keepalive_expiry
+    assert client_expiry is not None and KEEP_ALIVE_S > 2 * client_expiry
