@@ -109,6 +109,13 @@ class Timing:
         self.last = now
 
 
+def _finished(r: Any, sent: Sent) -> None:
+    """An OpenAI answer (chat or completion) that finished with its usage: counted as complete."""
+    if not r.choices or r.choices[0].finish_reason not in ("stop", "length") or r.usage is None:
+        raise Incomplete(f"no finished choice with usage: {r!r:.200}")
+    sent.complete(r.usage.prompt_tokens, r.usage.completion_tokens)
+
+
 async def openai_chat(c: Clients, sent: Sent, d: Draw) -> None:
     r = await c.openai.chat.completions.create(
         model=d.model,
@@ -118,9 +125,7 @@ async def openai_chat(c: Clients, sent: Sent, d: Draw) -> None:
         seed=d.seed,
         extra_headers=_named(sent),
     )
-    if not r.choices or r.choices[0].finish_reason not in ("stop", "length") or r.usage is None:
-        raise Incomplete(f"no finished choice with usage: {r!r:.200}")
-    sent.complete(r.usage.prompt_tokens, r.usage.completion_tokens)
+    _finished(r, sent)
 
 
 async def openai_completion(c: Clients, sent: Sent, d: Draw) -> None:
@@ -132,9 +137,7 @@ async def openai_completion(c: Clients, sent: Sent, d: Draw) -> None:
         seed=d.seed,
         extra_headers=_named(sent),
     )
-    if not r.choices or r.choices[0].finish_reason not in ("stop", "length") or r.usage is None:
-        raise Incomplete(f"no finished choice with usage: {r!r:.200}")
-    sent.complete(r.usage.prompt_tokens, r.usage.completion_tokens)
+    _finished(r, sent)
 
 
 async def openai_chat_stream(

@@ -5,24 +5,15 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 
 import httpx
 
 from nxctl.server.app import create_app
 from nxctl.server.uvicorn_seat import BackgroundSeat
+from tests.waiting import wait_until
 
 USER = [{"role": "user", "content": "hi"}]
-
-
-def wait_until(condition, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def test_a_draining_seat_refuses_new_requests_and_finishes_the_running_ones(

@@ -9,15 +9,7 @@ import time
 import pytest
 
 from nxctl.server.idle_pool import IdleThreadPool, default_pool
-
-
-def wait_until(condition, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return False
+from tests.waiting import wait_until
 
 
 def test_work_runs_and_the_threads_end_once_idle() -> None:

@@ -18,17 +18,9 @@ from nxctl.server.bridge import CoreLease
 from nxctl.server.dlq import DeadLetterStore
 from nxctl.server.models import make_loader
 from nxctl.server.uvicorn_seat import BackgroundSeat
+from tests.waiting import wait_until
 
 USER = [{"role": "user", "content": "hi"}]
-
-
-def wait_until(condition, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def idle(seat) -> bool:
