@@ -9,6 +9,7 @@ until its last byte.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import Executor
@@ -22,14 +23,24 @@ from nxctl.server.host import ModelHost, SeatModel
 from nxctl.server.keep_alive import KeepAlive
 from nxctl.server.timeline import ModelLoad, RequestTimeline
 
+# an absolute path in a message: the seat's files are no client's business (the last part is kept)
+_PATH = re.compile(r"(?<![\w.~:/])(?:/[^\s/:'\"]+)+/([^\s/:'\"]+)")
+
 
 def load_failure(name: str, exc: Exception) -> APIError:
-    """Why model ``name`` could not be had: 404 unknown, 503 retry later, else a server error."""
+    """Why model ``name`` could not be had: 404 unknown, 503 retry later, else a server error (its
+    message without the seat's file paths)."""
     if isinstance(exc, UnknownModelError | WaitTimeoutError | ShuttingDownError):
         return from_engine(exc)
     if isinstance(exc, CapacityError):
-        return APIError(500, f"model '{name}' cannot be loaded: {exc}", dead_letter=True)
-    return APIError(500, f"model '{name}' failed to load: {from_engine(exc).message}", dead_letter=True)
+        return APIError(500, f"model '{name}' cannot be loaded: {_without_paths(str(exc))}", dead_letter=True)
+    why = _without_paths(from_engine(exc).message)
+    return APIError(500, f"model '{name}' failed to load: {why}", dead_letter=True)
+
+
+def _without_paths(message: str) -> str:
+    """``message`` with each absolute path cut to its last part."""
+    return _PATH.sub(r"\1", message)
 
 
 def load_set_off(model: SeatModel, since: float) -> ModelLoad | None:

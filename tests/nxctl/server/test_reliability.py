@@ -107,6 +107,7 @@ def test_server_side_failures_are_answered_and_kept_as_dead_letters(tmp_path: Pa
         assert bad.status_code == 400 and store.count() == 0  # client errors are not dead letters
         r = httpx.post(url + "/api/chat", json={"model": "broken", "messages": USER}, timeout=30)
         assert r.status_code == 500 and "failed to load" in r.json()["error"]
+        assert str(tmp_path) not in r.json()["error"] and "broken" in r.json()["error"]  # no server paths
         engine = app.state.seat.host.loaded("tiny").llm.engine
         with fail_requests(engine, "boom-0", "stream-0"):
             body = {"model": "tiny", "messages": USER, "max_tokens": 4}
