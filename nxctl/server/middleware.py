@@ -17,6 +17,18 @@ OPEN_PATHS = frozenset({"/health"})
 LOGGED_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")  # a client's X-Request-Id fit for the log line
 
 
+def recording_status(send: Send) -> tuple[Send, list[int]]:
+    """``send`` that also notes the response's status code (in the list, 0 until the response starts)."""
+    status = [0]
+
+    async def send_status(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            status[0] = message["status"]
+        await send(message)
+
+    return send_status, status
+
+
 class BodyTooLarge(Exception):
     """A request body over the seat's limit (answered 413); ``error`` is that answer."""
 
@@ -70,13 +82,7 @@ class RequestLog:
             return
         started = time.perf_counter()
         state = scope.setdefault("state", {})
-        status = [0]
-
-        async def send_status(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
+        send_status, status = recording_status(send)
         try:
             await self.app(scope, receive, send_status)
         finally:

@@ -23,9 +23,10 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from nxctl import __version__
+from nxctl.server.middleware import recording_status
 from nxctl.server.request_spans import Ending, WallClock, write_spans
 from nxctl.server.timeline import STATE_KEY, RequestTimeline, open_timeline
 
@@ -100,14 +101,8 @@ class TraceRequests:
             return
         state = scope.setdefault("state", {})
         state[STATE_KEY] = timeline
-        status = [0]
+        send_status, status = recording_status(send)
         failure: str | None = None
-
-        async def send_status(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
         try:
             await self.app(scope, receive, send_status)
         except Exception as exc:  # answered by the app's last-resort handler, outside this middleware
