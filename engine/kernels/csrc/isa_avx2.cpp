@@ -66,6 +66,16 @@ struct Avx2Vec {
     const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
     return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
   }
+  // lane u = hsum(a[u]), the same additions in the same order, eight sums transposed at once
+  static V hsum8(const V* a) {
+    V q[4];  // q[u] = [s0..s3 of a[u] | s0..s3 of a[u + 4]], s_i = l_i + l_(i+4)
+    for (int u = 0; u < 4; ++u)
+      q[u] = _mm256_add_ps(_mm256_permute2f128_ps(a[u], a[u + 4], 0x20), _mm256_permute2f128_ps(a[u], a[u + 4], 0x31));
+    // [s0 + s2, s1 + s3] of keys (0, 1 | 4, 5) and (2, 3 | 6, 7)
+    const V r01 = _mm256_add_ps(_mm256_shuffle_ps(q[0], q[1], 0x44), _mm256_shuffle_ps(q[0], q[1], 0xEE));
+    const V r23 = _mm256_add_ps(_mm256_shuffle_ps(q[2], q[3], 0x44), _mm256_shuffle_ps(q[2], q[3], 0xEE));
+    return _mm256_add_ps(_mm256_shuffle_ps(r01, r23, 0x88), _mm256_shuffle_ps(r01, r23, 0xDD));
+  }
 };
 
 KernelTable avx2_table() { return make_table<Avx2Vec>("avx2"); }

@@ -26,7 +26,7 @@ constexpr int64_t kRowTile = 6;     // rows per linear micro-tile (12 accumulato
 constexpr int64_t kRowBlock = 96;   // rows whose inputs stay in cache while the panels stream by
 constexpr int64_t kPrefetchAhead = 64;  // weight rows (of one panel) prefetched ahead of the fma loop
 constexpr int64_t kWideRows = 12;       // up to this many rows, linears take two panels side by side
-constexpr int64_t kMaxHeadDim = 512;  // attention keeps one head's output in registers / stack
+constexpr int64_t kMaxHeadDim = 512;  // the largest head_dim the attention kernels accept
 constexpr float kExpFloor = -86.0f; // exp below this is flushed to 0 (keeps 2^n a normal float)
 constexpr float kExpCeiling = 88.0f; // exp above this is exp(88)
 
@@ -321,6 +321,21 @@ struct AttentionArgs {
   float* out;               // [rows, heads, d] float32
 };
 
+// out[0 .. N vectors) = sum over keys j in position order of p[j] * v[key_at[j] ..], one fma chain per
+// output lane, then / total. N vectors of accumulators stay in registers for the whole chain.
+template <class O, class T, int N>
+void weighted_values(const float* p, const int64_t* key_at, int64_t L, const T* v, typename O::V total, float* out) {
+  using V = typename O::V;
+  V acc[N];
+  for (int t = 0; t < N; ++t) acc[t] = O::zero();
+  for (int64_t j = 0; j < L; ++j) {
+    const T* vp = v + key_at[j];
+    const V pj = O::set1(p[j]);
+    for (int t = 0; t < N; ++t) acc[t] = O::fma(pj, O::load(vp + t * kLanes), acc[t]);
+  }
+  for (int t = 0; t < N; ++t) O::store(out + t * kLanes, O::div(acc[t], total));
+}
+
 // work items [begin, end) of rows * kv_heads: one query row and one KV head (its group of query heads)
 template <class O, class T>
 void attention_items(const AttentionArgs<T>& a, int64_t begin, int64_t end) {
@@ -329,7 +344,6 @@ void attention_items(const AttentionArgs<T>& a, int64_t begin, int64_t end) {
   const float ninf = -std::numeric_limits<float>::infinity();
   std::vector<float> qf(group * d), scores;
   std::vector<int64_t> key_at;  // offset of each key's row in the cache (the same for K and V)
-  V acc[kMaxHeadDim / kLanes];
   for (int64_t item = begin; item < end; ++item) {
     const int64_t row = item / a.kv_heads, g = item % a.kv_heads;
     const int64_t pos = a.positions[row];
@@ -344,30 +358,33 @@ void attention_items(const AttentionArgs<T>& a, int64_t begin, int64_t end) {
       key_at[j] = ((table[b] * a.kv_heads + g) * a.block + off) * d;
       if (++off == a.block) off = 0, ++b;
     }
-    // scores: keys four at a time, so four independent fma chains are in flight; each key's own
-    // chain over head_dim is the same whichever keys share its group of four
-    for (int64_t j0 = 0; j0 < L; j0 += 4) {
-      const int64_t nk = std::min<int64_t>(4, L - j0);
-      const T* kp[4];
-      for (int64_t u = 0; u < 4; ++u) kp[u] = a.k_cache + key_at[j0 + std::min(u, nk - 1)];
+    // scores: keys eight at a time, so eight independent fma chains are in flight and their eight
+    // horizontal sums are one transposed reduction (O::hsum8, each lane the order of O::hsum); each
+    // key's own chain over head_dim is the same whichever keys share its group
+    for (int64_t j0 = 0; j0 < L; j0 += kLanes) {
+      const int64_t nk = std::min<int64_t>(kLanes, L - j0);
+      const T* kp[kLanes];
+      for (int64_t u = 0; u < kLanes; ++u) kp[u] = a.k_cache + key_at[j0 + std::min(u, nk - 1)];
       for (int64_t h = 0; h < group; ++h) {
         const float* qh = qf.data() + h * d;
-        V dot[4] = {O::zero(), O::zero(), O::zero(), O::zero()};
+        V dot[kLanes];
+        for (int u = 0; u < kLanes; ++u) dot[u] = O::zero();
         for (int64_t t = 0; t < nv; ++t) {
           const V qv = O::load(qh + t * kLanes);
-          for (int u = 0; u < 4; ++u) dot[u] = O::fma(qv, O::load(kp[u] + t * kLanes), dot[u]);
+          for (int u = 0; u < kLanes; ++u) dot[u] = O::fma(qv, O::load(kp[u] + t * kLanes), dot[u]);
         }
-        for (int64_t u = 0; u < nk; ++u) {
-          float s = O::hsum(dot[u]) * a.scale;
-          if (a.softcap > 0.0f) s = a.softcap * std::tanh(s / a.softcap);
-          scores[h * Lp + j0 + u] = s;
-        }
+        float* sh = scores.data() + h * Lp + j0;  // Lp is whole vectors, so the store stays in the row
+        O::store(sh, O::mul(O::hsum8(dot), O::set1(a.scale)));
+        for (int64_t u = 0; u < nk; ++u)
+          if (a.softcap > 0.0f) sh[u] = a.softcap * std::tanh(sh[u] / a.softcap);
+        for (int64_t u = nk; u < kLanes; ++u) sh[u] = ninf;  // padding: exp gives 0
       }
     }
     for (int64_t h = 0; h < group; ++h) {
       float* s = scores.data() + h * Lp;
-      float m = ninf;
-      for (int64_t j = 0; j < L; ++j) m = s[j] > m ? s[j] : m;
+      V mv = O::set1(ninf);  // padding lanes are -inf; max is exact in any order (m is only subtracted)
+      for (int64_t j = 0; j < Lp; j += kLanes) mv = O::max(O::load(s + j), mv);
+      const float m = O::hmax(mv);
       V sum = O::zero();
       for (int64_t j = 0; j < Lp; j += kLanes) {
         const V e = vexp<O>(O::sub(O::load(s + j), O::set1(m)));
@@ -375,14 +392,19 @@ void attention_items(const AttentionArgs<T>& a, int64_t begin, int64_t end) {
         sum = O::add(sum, e);
       }
       const V total = O::set1(O::hsum(sum));
-      for (int64_t t = 0; t < nv; ++t) acc[t] = O::zero();
-      for (int64_t j = 0; j < L; ++j) {
-        const T* vp = a.v_cache + key_at[j];
-        const V p = O::set1(s[j]);
-        for (int64_t t = 0; t < nv; ++t) acc[t] = O::fma(p, O::load(vp + t * kLanes), acc[t]);
-      }
       float* o = a.out + (row * a.heads + g * group + h) * d;
-      for (int64_t t = 0; t < nv; ++t) O::store(o + t * kLanes, O::div(acc[t], total));
+      for (int64_t c = 0; c < nv; c += kLanes) {  // by eight vectors of output dimensions, held in registers
+        switch (std::min<int64_t>(kLanes, nv - c)) {
+          case 8: weighted_values<O, T, 8>(s, key_at.data(), L, a.v_cache + c * kLanes, total, o + c * kLanes); break;
+          case 7: weighted_values<O, T, 7>(s, key_at.data(), L, a.v_cache + c * kLanes, total, o + c * kLanes); break;
+          case 6: weighted_values<O, T, 6>(s, key_at.data(), L, a.v_cache + c * kLanes, total, o + c * kLanes); break;
+          case 5: weighted_values<O, T, 5>(s, key_at.data(), L, a.v_cache + c * kLanes, total, o + c * kLanes); break;
+          case 4: weighted_values<O, T, 4>(s, key_at.data(), L, a.v_cache + c * kLanes, total, o + c * kLanes); break;
+          case 3: weighted_values<O, T, 3>(s, key_at.data(), L, a.v_cache + c * kLanes, total, o + c * kLanes); break;
+          case 2: weighted_values<O, T, 2>(s, key_at.data(), L, a.v_cache + c * kLanes, total, o + c * kLanes); break;
+          default: weighted_values<O, T, 1>(s, key_at.data(), L, a.v_cache + c * kLanes, total, o + c * kLanes); break;
+        }
+      }
     }
   }
 }

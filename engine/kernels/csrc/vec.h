@@ -137,6 +137,12 @@ struct GenericVec {
     const float s0 = a.l[0] + a.l[4], s1 = a.l[1] + a.l[5], s2 = a.l[2] + a.l[6], s3 = a.l[3] + a.l[7];
     return (s0 + s2) + (s1 + s3);
   }
+  // lane u = hsum(a[u])
+  static V hsum8(const V* a) {
+    V v;
+    for (int u = 0; u < kLanes; ++u) v.l[u] = hsum(a[u]);
+    return v;
+  }
   static float hmax(V a) {
     float m = a.l[0];
     for (int i = 1; i < kLanes; ++i) m = a.l[i] > m ? a.l[i] : m;
