@@ -4,7 +4,12 @@
 - ``cuda_allocated``: torch.cuda.memory_allocated() on every CUDA device, 0 without CUDA (never imports
   torch itself: a process that never loaded torch has no CUDA tensors);
 - ``reclaim``: garbage-collect, empty torch's CUDA cache, and ask the C library to return freed heap
-  to the system (glibc ``malloc_trim(0)``; a no-op where the C library has no such call).
+  to the system (glibc ``malloc_trim(0)``; a no-op where the C library has no such call);
+- ``settle_long_running_process``: for a process that loads and drops models for days (the seat): the
+  objects of its start (modules, routes) frozen out of the collector's full passes, so each model
+  swap's ``reclaim`` scans only what came after (measured: 73 ms a full collection over the 284k
+  objects of a seat with tiny loaded, under 1 ms once frozen; the collector holds the GIL, so every
+  running request waited that long at each swap).
 """
 
 from __future__ import annotations
@@ -63,6 +68,14 @@ def _malloc_trim() -> Any:
         return None
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     return trim
+
+
+def settle_long_running_process() -> None:
+    """Before a long-running process loads its first model: freeze the objects alive now out of the
+    collector's full passes (gc.freeze; they live as long as the process anyway, and no model is among
+    them, so a dropped model's cycles are still collected)."""
+    gc.collect()
+    gc.freeze()
 
 
 def reclaim() -> bool:

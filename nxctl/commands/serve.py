@@ -97,6 +97,7 @@ def listen(host: str, port: int) -> socket.socket:
 
 def run_seat(settings: SeatSettings, threads: int | None = None) -> None:
     """Load the models, serve until SIGINT / SIGTERM, drain, stop (glue over nxctl.server)."""
+    from engine.mux.memory import settle_long_running_process
     from nxctl.server.app import create_app, preload_models
     from nxctl.server.tracing import provider_from_env, traces_endpoint
     from nxctl.server.uvicorn_seat import make_server
@@ -115,6 +116,7 @@ def run_seat(settings: SeatSettings, threads: int | None = None) -> None:
     if tracer_provider is not None:
         typer.echo(f"nxctl serve: tracing generation requests to {traces_endpoint(os.environ)} (OTLP/HTTP)")
     typer.echo(f"nxctl serve: loading {', '.join(settings.models) or 'nothing (models load on demand)'}")
+    settle_long_running_process()  # before the first model: model swaps collect garbage quickly
     loaded = preload_models(app)
     shown_host = f"[{settings.host}]" if ":" in settings.host else settings.host
     port = sock.getsockname()[1]

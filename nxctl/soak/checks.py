@@ -2,7 +2,8 @@
 
 tally          outcome counts once the DLQ is read (a lost request with a dead letter is a failure)
 round_checks   lost 0, failures kept as dead letters, tokens equal to /metrics, KV back to 0, fds
-               and threads back to their start, p99 TTFT / ITL of the last window within 1.5x the
+               and threads back to their start, RSS drift under 20 MB an hour (rounds of 10 minutes
+               or more), p99 TTFT / ITL of the last window within 1.5x the
                first's, hostile requests refused as their API says, every kind and path exercised
 sigterm_checks exit 0 within the drain timeout, 503 JSON to new requests, the running ones finished
 """
@@ -18,13 +19,15 @@ from dataclasses import dataclass
 from nxctl.server.dlq import DeadLetter
 from nxctl.soak.driver import KINDS, PhaseResult, SigtermResult
 from nxctl.soak.outcome import Sent
-from nxctl.soak.procfs import ProcSample
+from nxctl.soak.procfs import MB, ProcSample
 from nxctl.soak.scrape import Scrape, busy_models
 
 MARKER = re.compile(rb"\[soak-\d+-\d{5}\]")
 LATENCY_RATIO = 1.5
 MIN_WINDOW_SAMPLES = 20  # fewer in a window and its p99 is not judged
 FD_THREAD_SLACK = 2
+RSS_DRIFT_MB_PER_HOUR = 20.0
+DRIFT_JUDGED_S = 600.0  # a shorter round's RSS difference is one model load's noise, not a rate
 LEFT_SLACK_S = 0.25  # a seat that answers a client this long after it left did not notice it leave
 
 
@@ -262,6 +265,34 @@ def proc_checks(start: ProcSample, end: ProcSample) -> list[Check]:
         )
         for name, a, b in (("fds_stable", start.fds, end.fds), ("threads_stable", start.threads, end.threads))
     ]
+
+
+def drift_per_hour(start: ProcSample, end: ProcSample) -> float:
+    """RSS growth from ``start`` to ``end`` in MB an hour. Both are settled readings (the same models
+    resident, idle pool threads gone, after the warm-up), so model swaps do not enter it."""
+    hours = max(end.at - start.at, 1e-9) / 3600
+    return (end.rss_bytes - start.rss_bytes) / MB / hours
+
+
+def drift_check(start: ProcSample, end: ProcSample) -> Check:
+    """RSS drift under RSS_DRIFT_MB_PER_HOUR over a round of DRIFT_JUDGED_S or more."""
+    rate = drift_per_hour(start, end)
+    grew, anon, file = (
+        (b - a) / MB
+        for a, b in (
+            (start.rss_bytes, end.rss_bytes),
+            (start.anon_bytes, end.anon_bytes),
+            (start.file_bytes, end.file_bytes),
+        )
+    )
+    minutes = (end.at - start.at) / 60
+    detail = (
+        f"{start.rss_mb:.1f} -> {end.rss_mb:.1f} MB ({grew:+.1f}: anon {anon:+.1f}, files {file:+.1f}) "
+        f"in {minutes:.1f} min: {rate:+.1f} MB an hour"
+    )
+    if end.at - start.at < DRIFT_JUDGED_S:
+        return Check("rss_drift", True, f"not judged (under {DRIFT_JUDGED_S / 60:g} min): {detail}")
+    return Check("rss_drift", rate < RSS_DRIFT_MB_PER_HOUR, f"{detail} (under {RSS_DRIFT_MB_PER_HOUR:g})")
 
 
 def sigterm_checks(phase: PhaseResult, result: SigtermResult, drain_timeout: float) -> list[Check]:

@@ -181,6 +181,7 @@ async def _round(
     checks += ck.metrics_checks(result.sent, before, after, len(letters), waited)
     checks += ck.left_checks(result.sent)
     checks += ck.proc_checks(start, end)
+    checks.append(ck.drift_check(start, end))
     rows = ck.windows(result.sent, phase.seconds, phase.sample_s)  # the tail joins the last window
     checks += [
         ck.latency_check("ttft_p99", rows, "ttft_p99_ms"),
@@ -265,13 +266,20 @@ def _summary(
         "end": _proc(end) if end else None,
         "rss_mb_samples": [round(s.rss_mb, 1) for s in samples],
         "rss_drift_mb": round((end.rss_bytes - start.rss_bytes) / MB, 1) if end else None,
+        "rss_drift_mb_per_hour": round(ck.drift_per_hour(start, end), 1) if end else None,
     }
     summary["windows"] = rows or []
     return summary
 
 
 def _proc(s: ProcSample) -> dict[str, float | int]:
-    return {"rss_mb": round(s.rss_mb, 1), "fds": s.fds, "threads": s.threads}
+    return {
+        "rss_mb": round(s.rss_mb, 1),
+        "anon_mb": round(s.anon_bytes / MB, 1),
+        "file_mb": round(s.file_bytes / MB, 1),
+        "fds": s.fds,
+        "threads": s.threads,
+    }
 
 
 def _round_line(summary: dict[str, Any]) -> str:

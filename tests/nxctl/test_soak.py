@@ -15,6 +15,7 @@ from nxctl.server.dlq import DeadLetter
 from nxctl.soak import checks as ck
 from nxctl.soak.hostile import draw
 from nxctl.soak.outcome import Left, Sent, read_exception
+from nxctl.soak.procfs import MB, ProcSample
 from nxctl.soak.run import SoakOptions, run_soak
 from nxctl.soak.seat_log import read_seat_log
 
@@ -109,6 +110,19 @@ def test_the_latency_check_compares_the_last_window_with_the_first() -> None:
     unjudged = ck.latency_check("itl", _rows(100, 900, samples=3), "itl_p99_ms")
     assert unjudged.ok and "not judged" in unjudged.detail
     assert ck.p99([float(n) for n in range(1, 101)]) == 99.0
+
+
+def _reading(at_s: float, rss_mb: float) -> ProcSample:
+    return ProcSample(at=at_s, rss_bytes=int(rss_mb * MB), fds=7, threads=9, anon_bytes=int(rss_mb * MB))
+
+
+def test_the_drift_check_judges_a_rate_over_long_rounds_only() -> None:
+    half_hour = 1800.0
+    assert ck.drift_check(_reading(0, 300), _reading(half_hour, 309.9)).ok  # 19.8 MB an hour
+    grew = ck.drift_check(_reading(0, 300), _reading(half_hour, 310.1))
+    assert not grew.ok and "+20.2 MB an hour" in grew.detail
+    short = ck.drift_check(_reading(0, 300), _reading(60, 330))  # one model load's noise in a minute
+    assert short.ok and "not judged" in short.detail
 
 
 def test_a_left_request_the_seat_kept_working_on_fails_the_check() -> None:
