@@ -277,14 +277,9 @@ def drift_per_hour(start: ProcSample, end: ProcSample) -> float:
 def drift_check(start: ProcSample, end: ProcSample) -> Check:
     """RSS drift under RSS_DRIFT_MB_PER_HOUR over a round of DRIFT_JUDGED_S or more."""
     rate = drift_per_hour(start, end)
-    grew, anon, file = (
-        (b - a) / MB
-        for a, b in (
-            (start.rss_bytes, end.rss_bytes),
-            (start.anon_bytes, end.anon_bytes),
-            (start.file_bytes, end.file_bytes),
-        )
-    )
+    grew = (end.rss_bytes - start.rss_bytes) / MB
+    anon = (end.anon_bytes - start.anon_bytes) / MB
+    file = (end.file_bytes - start.file_bytes) / MB
     minutes = (end.at - start.at) / 60
     detail = (
         f"{start.rss_mb:.1f} -> {end.rss_mb:.1f} MB ({grew:+.1f}: anon {anon:+.1f}, files {file:+.1f}) "

@@ -375,8 +375,8 @@ void attention_items(const AttentionArgs<T>& a, int64_t begin, int64_t end) {
         }
         float* sh = scores.data() + h * Lp + j0;  // Lp is whole vectors, so the store stays in the row
         O::store(sh, O::mul(O::hsum8(dot), O::set1(a.scale)));
-        for (int64_t u = 0; u < nk; ++u)
-          if (a.softcap > 0.0f) sh[u] = a.softcap * std::tanh(sh[u] / a.softcap);
+        if (a.softcap > 0.0f)
+          for (int64_t u = 0; u < nk; ++u) sh[u] = a.softcap * std::tanh(sh[u] / a.softcap);
         for (int64_t u = nk; u < kLanes; ++u) sh[u] = ninf;  // padding: exp gives 0
       }
     }
