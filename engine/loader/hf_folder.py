@@ -7,13 +7,14 @@ from pathlib import Path
 from typing import Any, SupportsInt
 
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 from tokenizers import Tokenizer
 
 from engine.config import ModelConfig
 from engine.errors import ModelFileError, UnsupportedModelError
 from engine.loader.families import gemma3_fields, rope_scaling, shift_norms, split_fused
 from engine.loader.progress import track
+from engine.loader.safetensors_file import Shard, shard_names
 from engine.loader.tokenizer import STOP_TOKENS, ChatTokenizer
 
 ARCHITECTURES = {
@@ -124,14 +125,13 @@ def folder_weights(folder: Path, config: ModelConfig | None = None) -> dict[str,
     weights: dict[str, torch.Tensor] = {}
     names: list[tuple[Path, str]] = []
     try:
-        for shard in shards:
-            with safe_open(str(shard), framework="pt") as f:
-                names.extend((shard, k) for k in f.keys())
-        handles = {}
-        for shard, key in track(names, len(names), f"loading {folder.name}"):
-            if shard not in handles:
-                handles[shard] = safe_open(str(shard), framework="pt")
-            weights[key] = handles[shard].get_tensor(key).to(torch.float32)
+        for path in shards:
+            names.extend((path, k) for k in shard_names(path))
+        opened: dict[Path, Shard] = {}
+        for path, key in track(names, len(names), f"loading {folder.name}"):
+            if path not in opened:
+                opened[path] = Shard(path)
+            weights[key] = opened[path].tensor(key).to(torch.float32)
     except (SafetensorError, OSError) as exc:
         raise ModelFileError(f"corrupt safetensors file in {folder}: {exc}") from None
     if config is not None:
