@@ -14,7 +14,7 @@ from engine.config import ModelConfig
 from engine.errors import ModelFileError, UnsupportedModelError
 from engine.loader.families import gemma3_fields, rope_scaling, shift_norms, split_fused
 from engine.loader.progress import track
-from engine.loader.safetensors_file import Shard, shard_names
+from engine.loader.safetensors_file import Shard
 from engine.loader.tokenizer import STOP_TOKENS, ChatTokenizer
 
 ARCHITECTURES = {
@@ -123,15 +123,10 @@ def folder_weights(folder: Path, config: ModelConfig | None = None) -> dict[str,
     if not shards:
         raise ModelFileError(f"no *.safetensors weights in {folder}")
     weights: dict[str, torch.Tensor] = {}
-    names: list[tuple[Path, str]] = []
     try:
-        for path in shards:
-            names.extend((path, k) for k in shard_names(path))
-        opened: dict[Path, Shard] = {}
-        for path, key in track(names, len(names), f"loading {folder.name}"):
-            if path not in opened:
-                opened[path] = Shard(path)
-            weights[key] = opened[path].tensor(key).to(torch.float32)
+        names = [(shard, key) for shard in map(Shard, shards) for key in shard.names]
+        for shard, key in track(names, len(names), f"loading {folder.name}"):
+            weights[key] = shard.tensor(key).to(torch.float32)
     except (SafetensorError, OSError) as exc:
         raise ModelFileError(f"corrupt safetensors file in {folder}: {exc}") from None
     if config is not None:

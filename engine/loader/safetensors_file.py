@@ -43,17 +43,13 @@ DTYPES: dict[str, torch.dtype] = {
 }
 
 
-def shard_names(path: Path) -> list[str]:
-    """The tensor names of a shard, in the library's order (SafetensorError if the shard is corrupt)."""
-    with safe_open(str(path), framework="pt") as f:
-        return list(f.keys())
-
-
 class Shard:
-    """The tensors of one validated shard; ``tensor(name)`` views the file's private mapping."""
+    """The tensors of one validated shard: ``names`` in the library's order, ``tensor(name)`` a view of
+    the file's private mapping. A corrupt shard raises SafetensorError (the library's validation)."""
 
     def __init__(self, path: Path) -> None:
-        shard_names(path)  # the library's validation first: a corrupt shard raises SafetensorError
+        with safe_open(str(path), framework="pt") as f:
+            self.names: list[str] = list(f.keys())
         with path.open("rb") as f:
             (length,) = struct.unpack("<Q", f.read(8))
             self.entries: dict[str, dict] = json.loads(f.read(length))

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from engine.errors import ModelFileError
 from engine.loader import load_model
-from engine.loader.safetensors_file import Shard, shard_names
+from engine.loader.safetensors_file import Shard
 from engine.loader.sources import FIXTURES
 
 
@@ -38,7 +38,7 @@ def test_a_shard_reads_what_safetensors_reads(tmp_path: Path) -> None:
     save_file(_tensors(), str(path), metadata={"format": "pt"})
     expected = load_file(str(path))
     shard = Shard(path)
-    assert sorted(shard_names(path)) == sorted(expected)
+    assert sorted(shard.names) == sorted(expected)
     for name, want in expected.items():
         got = shard.tensor(name)
         assert got.dtype == want.dtype and got.shape == want.shape, name

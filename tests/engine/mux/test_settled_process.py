@@ -1,4 +1,4 @@
-"""settle_long_running_process: the seat's start frozen out of full collections, arenas capped, and a
+"""settle_long_running_process: the seat's start frozen out of full collections, and a
 model loaded afterwards still collected whole when dropped (checked in a fresh process: freezing is
 for the life of a process)."""
 
