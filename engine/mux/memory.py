@@ -9,7 +9,8 @@
   objects of its start (modules, routes) frozen out of the collector's full passes, so each model
   swap's ``reclaim`` scans only what came after (measured: 73 ms a full collection over the 284k
   objects of a seat with tiny loaded, under 1 ms once frozen; the collector holds the GIL, so every
-  running request waited that long at each swap).
+  running request waited that long at each swap). It also caps glibc's malloc arenas (see
+  ``limit_malloc_arenas``).
 """
 
 from __future__ import annotations
@@ -68,6 +69,31 @@ def _malloc_trim() -> Any:
         return None
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     return trim
+
+
+# glibc's mallopt parameter for the most arenas (malloc.h: M_ARENA_MAX).
+_M_ARENA_MAX = -8
+SEAT_MALLOC_ARENAS = 2
+
+
+def limit_malloc_arenas(arenas: int = SEAT_MALLOC_ARENAS) -> bool:
+    """Cap glibc's malloc arenas for threads not yet started; True if the cap was set.
+
+    glibc gives threads arenas of their own, up to eight per core, and a long-running process's
+    arenas each keep their own fragments: under the soak's model swaps the seat's thread arenas grew
+    for its first quarter hour (22-30 MB to 38-46 MB) before they levelled, which the soak counted
+    as drift. Fewer arenas share their free space. A MALLOC_ARENA_MAX or GLIBC_TUNABLES setting in the
+    environment is the user's and is kept; a C library without mallopt is left alone."""
+    if "MALLOC_ARENA_MAX" in os.environ or "arena_max" in os.environ.get("GLIBC_TUNABLES", ""):
+        return False
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return mallopt(_M_ARENA_MAX, arenas) == 1
 
 
 def settle_long_running_process() -> None:
