@@ -26,6 +26,7 @@ constexpr int64_t kRowTile = 6;     // rows per linear micro-tile (12 accumulato
 constexpr int64_t kRowBlock = 96;   // rows whose inputs stay in cache while the panels stream by
 constexpr int64_t kPrefetchAhead = 64;  // weight rows (of one panel) prefetched ahead of the fma loop
 constexpr int64_t kWideRows = 12;       // up to this many rows, linears take two panels side by side
+constexpr int64_t kDepthSpan = 128;     // k's per span when several row groups share two panels (16 KB of float32)
 constexpr int64_t kMaxHeadDim = 512;  // the largest head_dim the attention kernels accept
 constexpr float kExpFloor = -86.0f; // exp below this is flushed to 0 (keeps 2^n a normal float)
 constexpr float kExpCeiling = 88.0f; // exp above this is exp(88)
@@ -139,6 +140,78 @@ void linear_tile_wide(const float* xt, int64_t K, const W* panel, int64_t panel_
                        std::min(kPanel, N - col - p * kPanel));
 }
 
+// linear_tile_wide over k in [k0, k1) only, its accumulators carried in memory between calls: acc
+// [R][2P][kLanes] holds the chains after k0 - 1 (ignored at k0 = 0, where they start from 0) and
+// receives them after k1 - 1. A value stored and loaded back is the same value, so every output is
+// still the one fma chain over k = 0..K-1 of linear_tile_wide, however K is cut.
+template <class O, class W, int R, int P>
+void linear_tile_wide_span(const float* xt, int64_t k0, int64_t k1, const W* panel, int64_t panel_step,
+                           float* acc_mem) {
+  using V = typename O::V;
+  V acc[R][2 * P];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 2 * P; ++j) acc[r][j] = k0 == 0 ? O::zero() : O::load(acc_mem + (r * 2 * P + j) * kLanes);
+  for (int64_t k = k0; k < k1; ++k) {
+    V w[2 * P];
+    for (int p = 0; p < P; ++p) {
+      __builtin_prefetch(panel + p * panel_step + (k + kPrefetchAhead) * kPanel);
+      w[2 * p] = O::load(panel + p * panel_step + k * kPanel);
+      w[2 * p + 1] = O::load(panel + p * panel_step + k * kPanel + kLanes);
+    }
+    for (int r = 0; r < R; ++r) {
+      const V xb = O::set1(xt[k * kRowTile + r]);
+      for (int j = 0; j < 2 * P; ++j) acc[r][j] = O::fma(xb, w[j], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 2 * P; ++j) O::store(acc_mem + (r * 2 * P + j) * kLanes, acc[r][j]);
+}
+
+// rows [0, rows) of an interleaved block (rows <= kWideRows) x two panels side by side, in groups of at
+// most 4 rows (3 + 3 per full tile of the interleaving), K cut in spans of kDepthSpan: each group runs
+// over one span before the next group does, so the span's weights come from memory once and stay in
+// L1 for the other groups (the memory streams the next span, prefetched, while they compute).
+template <class O, class W>
+void linear_pair_grouped(const float* xt, int64_t K, int64_t rows, const W* panel, float* y, int64_t ldy,
+                         int64_t col, int64_t N) {
+  struct Group {
+    int64_t first, count;  // rows
+  };
+  Group groups[kWideRows];
+  int64_t ngroups = 0;
+  for (int64_t t = 0; t * kRowTile < rows; ++t) {  // groups stay within one tile of the interleaving
+    const int64_t m = t * kRowTile, left = std::min(kRowTile, rows - m);
+    if (left > 4) {
+      groups[ngroups++] = {m, 3};
+      groups[ngroups++] = {m + 3, left - 3};
+    } else {
+      groups[ngroups++] = {m, left};
+    }
+  }
+  alignas(32) float acc[kWideRows * 4 * kLanes];  // [rows][2 panels x 2 vectors][kLanes]
+  const int64_t step = K * kPanel;
+  for (int64_t k0 = 0; k0 < K; k0 += kDepthSpan) {
+    const int64_t k1 = std::min(K, k0 + kDepthSpan);
+    for (int64_t g = 0; g < ngroups; ++g) {
+      const int64_t m = groups[g].first;
+      const float* xr = xt + m / kRowTile * K * kRowTile + m % kRowTile;
+      float* a = acc + m * 4 * kLanes;
+      switch (groups[g].count) {
+        case 4: linear_tile_wide_span<O, W, 4, 2>(xr, k0, k1, panel, step, a); break;
+        case 3: linear_tile_wide_span<O, W, 3, 2>(xr, k0, k1, panel, step, a); break;
+        case 2: linear_tile_wide_span<O, W, 2, 2>(xr, k0, k1, panel, step, a); break;
+        default: linear_tile_wide_span<O, W, 1, 2>(xr, k0, k1, panel, step, a); break;
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int p = 0; p < 2; ++p) {
+      const float* a = acc + (r * 4 + 2 * p) * kLanes;
+      store_columns<O>(y + r * ldy + col + p * kPanel, O::load(a), O::load(a + kLanes),
+                       std::min(kPanel, N - col - p * kPanel));
+    }
+}
+
 // Column panels [panel_begin, panel_end) of y = x @ W^T. Rows go by blocks whose inputs, interleaved
 // by tiles of kRowTile rows, stay in cache while the panels stream by. The interleaving moves inputs
 // only; every output is still one fma chain over k = 0..K-1.
@@ -158,26 +231,8 @@ void linear_panels(const float* x, int64_t M, int64_t K, const W* packed, int64_
         p += 2;
         continue;
       }
-      if (rows <= kWideRows && p + 2 <= panel_end) {  // a few rows: by groups over two panels side by side
-        for (int64_t t = 0; t < tiles; ++t) {
-          const float* xr = xt.data() + t * K * kRowTile;
-          float* yr = y + (m0 + t * kRowTile) * N;
-          const int64_t col = p * kPanel, step = K * kPanel;
-          switch (std::min(kRowTile, rows - t * kRowTile)) {  // groups within one tile of the interleaving
-            case 6:
-              linear_tile_wide<O, W, 3, 2>(xr, K, panel, step, yr, N, col, N);
-              linear_tile_wide<O, W, 3, 2>(xr + 3, K, panel, step, yr + 3 * N, N, col, N);
-              break;
-            case 5:
-              linear_tile_wide<O, W, 3, 2>(xr, K, panel, step, yr, N, col, N);
-              linear_tile_wide<O, W, 2, 2>(xr + 3, K, panel, step, yr + 3 * N, N, col, N);
-              break;
-            case 4: linear_tile_wide<O, W, 4, 2>(xr, K, panel, step, yr, N, col, N); break;
-            case 3: linear_tile_wide<O, W, 3, 2>(xr, K, panel, step, yr, N, col, N); break;
-            case 2: linear_tile_wide<O, W, 2, 2>(xr, K, panel, step, yr, N, col, N); break;
-            default: linear_tile_wide<O, W, 1, 2>(xr, K, panel, step, yr, N, col, N); break;
-          }
-        }
+      if (rows <= kWideRows && p + 2 <= panel_end) {  // a few rows: in groups over two panels side by side
+        linear_pair_grouped<O, W>(xt.data(), K, rows, panel, y + m0 * N, N, p * kPanel, N);
         p += 1;
         continue;
       }
