@@ -2,14 +2,16 @@
 
 Batch invariance rests on these: each reduction's order is written in engine/kernels/csrc/kernels.h
 and depends on a row's own data and position, never on the batch, the row's place in it, the
-thread count or a library's choice of kernel. Three backends, chosen once per process:
+thread count or a library's choice of kernel. Four backends, chosen once per process:
 
+    avx512    the avx2 kernels with 16-lane linears (CPUs with AVX512F too, when torch's dispatch also
+              allows AVX-512): a linear's lanes are output columns, so the same bits as avx2
     avx2      the C++ kernels compiled for AVX2 + FMA + F16C (x86 CPUs that have them, when torch's own
               dispatch, ATEN_CPU_CAPABILITY, also allows AVX2 or better)
     generic   the same C++ kernels over scalar lanes: any CPU with a C++ compiler, same bits as avx2
     portable  pure torch, each row computed alone: no compiler needed, invariant, slow
 
-``NXCTL_KERNELS=generic|portable`` forces a backend (tests use it to exercise each).
+``NXCTL_KERNELS=avx2|generic|portable`` forces a backend (tests use it to exercise each).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 from engine.kernels import portable
 
 PANEL = 16  # output columns per packed weight panel (kernels.h kPanel)
-BACKENDS = ("avx2", "generic", "portable")
+BACKENDS = ("avx512", "avx2", "generic", "portable")
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,10 @@ class Backend:
 
 def _torch_allows_avx2() -> bool:
     return torch.backends.cpu.get_cpu_capability().upper().startswith("AVX")
+
+
+def _torch_allows_avx512() -> bool:
+    return torch.backends.cpu.get_cpu_capability().upper().startswith("AVX512")
 
 
 @functools.cache
@@ -60,14 +66,30 @@ def backend() -> Backend:
             file=sys.stderr,
         )
         return Backend("portable", f"build failed: {first}", None)
-    if forced == "generic":
-        return Backend("generic", "NXCTL_KERNELS=generic", module)
+    if forced in ("generic", "avx2"):
+        if forced == "generic" or not module.cpu_has_avx2():
+            return Backend("generic", f"NXCTL_KERNELS={forced}", module)
+        return Backend("avx2", "NXCTL_KERNELS=avx2", module)
     if not module.cpu_has_avx2():
         return Backend("generic", "this CPU lacks AVX2, FMA or F16C", module)
     if not _torch_allows_avx2():
         capability = torch.backends.cpu.get_cpu_capability()
         return Backend("generic", f"torch CPU capability {capability}", module)
+    if module.cpu_has_avx512() and _torch_allows_avx512():
+        return Backend("avx512", "CPU has AVX512F+AVX2+FMA+F16C", module)
+    if module.cpu_has_avx512():
+        capability = torch.backends.cpu.get_cpu_capability()
+        return Backend("avx2", f"torch CPU capability {capability} (AVX512F on the CPU)", module)
     return Backend("avx2", "CPU has AVX2+FMA+F16C", module)
+
+
+def compiled_isas() -> tuple[str, ...]:
+    """The compiled module's instruction sets that this process's backend may run, fastest first
+    (the tests compare their bits): () for the portable backend."""
+    b = backend()
+    if b.module is None:
+        return ()
+    return BACKENDS[BACKENDS.index(b.name) : BACKENDS.index("generic") + 1]
 
 
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,7 @@
 The build goes into the environment the package runs in (``<sys.prefix>/nxctl-kernels``, i.e. the
 project's .venv), not a home cache, so a clean clone really builds: ``make setup`` runs
 ``python -m engine.kernels.build`` and the sources are prerequisites of its stamp. No ``-march`` flag:
-the AVX2 code carries its own target attribute and is chosen at run time, the rest is portable.
+the AVX2 and AVX-512 code carries its own target attribute and is chosen at run time, the rest is portable.
 ``-ffp-contract=off`` keeps the compiler from fusing a multiply and an add in one code path and not in
 another: every fused multiply-add in the kernels is written out.
 """
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-SOURCES = ("bindings.cpp", "decoder.cpp", "isa_generic.cpp", "isa_avx2.cpp")
+SOURCES = ("bindings.cpp", "decoder.cpp", "isa_generic.cpp", "isa_avx2.cpp", "isa_avx512.cpp")
 # -fopenmp: at::parallel_for is an OpenMP region compiled into this module (without it, it runs on
 # one thread); libgomp resolves to the one torch already loaded (same soname), so
 # torch.set_num_threads governs our kernels too.

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from engine import kernels
 
 COMPILED = kernels.backend().module is not None
-ISAS = ("avx2", "generic") if COMPILED and kernels.backend().name == "avx2" else (kernels.backend().name,)
+ISAS = kernels.compiled_isas() or (kernels.backend().name,)
 needs_compiled = pytest.mark.skipif(not COMPILED, reason="the C++ kernels are not built on this machine")
 
 
@@ -36,7 +36,7 @@ def test_linear_rows_alone_equal_rows_in_any_batch(dtype, shape):
     x = torch.randn(67, k, generator=gen).to(dtype).float()
     full = kernels.linear(x, packed, n)
     assert torch.allclose(full, F.linear(x, weight.float()), atol=1e-3 * k**0.5, rtol=1e-3)
-    for m in (1, 2, 5, 6, 7, 16, 31):
+    for m in (1, 2, 5, 6, 7, 9, 12, 13, 16, 31):
         start = (m * 7) % (67 - m)
         assert torch.equal(kernels.linear(x[start : start + m], packed, n), full[start : start + m])
 
@@ -71,6 +71,23 @@ def test_every_instruction_set_and_thread_count_gives_the_same_bits(dtype):
     for other in range(7, len(results)):
         assert torch.equal(results[other], results[other % 7])
     assert torch.equal(results[5], results[0]) and torch.equal(results[6], results[0])
+
+
+@needs_compiled
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(960, 576), (576, 1536), (40, 130), (3, 8), (49, 300)])
+def test_linear_bits_equal_in_every_instruction_set_at_every_row_count(dtype, shape):
+    """Every route through the linears (one row's side-by-side panels, a few rows' groups over K in
+    spans, the AVX-512 register tiles, row blocks past 96, a last partial panel) gives the generic
+    build's bits: the same one fma chain per output."""
+    n, k = shape
+    gen = torch.Generator().manual_seed(n + k)
+    packed = kernels.pack_linear_weight(torch.randn(n, k, generator=gen).to(dtype))
+    for m in (1, 2, 3, 4, 5, 7, 9, 11, 12, 13, 25, 97, 130):
+        x = torch.randn(m, k, generator=gen)
+        expected = _call("generic", "linear", x, packed, n)
+        for isa in ISAS:
+            assert torch.equal(_call(isa, "linear", x, packed, n), expected), (isa, m)
 
 
 def test_row_wise_kernels_match_torch_and_ignore_neighbours():

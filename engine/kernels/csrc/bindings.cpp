@@ -18,6 +18,14 @@ bool cpu_has_avx2() {
 #endif
 }
 
+bool cpu_has_avx512() {
+#if defined(__x86_64__) || defined(_M_X64)
+  return cpu_has_avx2() && __builtin_cpu_supports("avx512f");
+#else
+  return false;
+#endif
+}
+
 void check_cpu(const torch::Tensor& t, const char* what) {
   TORCH_CHECK(t.device().is_cpu(), what, " must be on the CPU");
   TORCH_CHECK(t.is_contiguous(), what, " must be contiguous");
@@ -169,6 +177,7 @@ torch::Tensor attention(const std::string& isa, const torch::Tensor& q, const to
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "nxctl's fixed-order CPU kernels (see kernels.h for the order of every reduction)";
   m.def("cpu_has_avx2", &cpu_has_avx2, "whether this CPU has AVX2, FMA and F16C");
+  m.def("cpu_has_avx512", &cpu_has_avx512, "whether this CPU has AVX512F besides AVX2, FMA and F16C");
   m.def("linear", &linear, "y = x @ W^T over a packed [P, K, 16] weight, float32 out");
   m.def("qlinear", &qlinear, "y = x @ W^T over a packed quantized weight (quantized.h), float32 out");
   m.def("rms_norm", &rms_norm, "x / rms(x) per row, float32 out");

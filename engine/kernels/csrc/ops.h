@@ -17,11 +17,13 @@
 
 namespace nxk {
 
-// the table for "avx2" or "generic" (raises on any other name)
+// the table for "avx512", "avx2" or "generic" (raises on any other name)
 inline const KernelTable& table_for(const std::string& isa) {
   static const KernelTable generic = generic_table();
   static const KernelTable avx2 = avx2_table();
+  static const KernelTable avx512 = avx512_table();
   if (isa == "avx2") return avx2;
+  if (isa == "avx512") return avx512;
   TORCH_CHECK(isa == "generic", "unknown instruction set ", isa);
   return generic;
 }

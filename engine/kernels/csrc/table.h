@@ -49,5 +49,6 @@ KernelTable make_table(const char* name) {
 
 KernelTable generic_table();
 KernelTable avx2_table();
+KernelTable avx512_table();  // avx2_table with 16-lane linears (isa_avx512.cpp)
 
 }  // namespace nxk
