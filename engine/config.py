@@ -8,7 +8,7 @@ import torch
 
 from engine.errors import InvalidRequestError, UnsupportedModelError
 from engine.mux.registry import QUANTIZE_MODES
-from engine.spec.config import SpecConfig
+from engine.spec.config import DEFAULT_SPECULATIVE_TOKENS, SpecConfig
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3")
 ROPE_SCALINGS = ("linear", "llama3", "divisors", "longrope", "yarn")
@@ -227,7 +227,7 @@ class EngineConfig:
     prefill_chunk: int = 256
     enable_prefix_caching: bool = True
     speculative: str | None = None  # "ngram" | "draft" (engine/spec); None: off
-    num_speculative_tokens: int = 8
+    num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
     draft_model: str | None = None
     spec_max_batch: int = 4
 

@@ -8,6 +8,10 @@ from engine.errors import InvalidRequestError
 
 SPEC_METHODS = ("ngram", "draft")
 MAX_SPECULATIVE_TOKENS = 16
+# K when unset: grounded prompts' proposals often run long (a quarter of SmolLM2's K=8 rounds accepted
+# all 8); K=12 decoded 6-10% faster than 8 in float32, level in Q4/Q8, and the back-off keeps
+# proposals short where acceptance is low
+DEFAULT_SPECULATIVE_TOKENS = 12
 
 
 @dataclass(frozen=True)
@@ -19,7 +23,7 @@ class SpecConfig:
     decoding (a full batch is compute-bound: extra rows cost more than they save)."""
 
     method: str | None = None
-    num_tokens: int = 8
+    num_tokens: int = DEFAULT_SPECULATIVE_TOKENS
     draft_model: str | None = None
     ngram_min: int = 2
     ngram_max: int = 8

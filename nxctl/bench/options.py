@@ -8,6 +8,7 @@ from pathlib import Path
 from engine.config import EngineConfig, parse_dtype
 from engine.errors import InvalidRequestError
 from engine.mux.registry import QUANTIZE_MODES
+from engine.spec.config import DEFAULT_SPECULATIVE_TOKENS
 from engine.workload import WorkloadSpec
 from nxctl.bench.peers.registry import PEER_SCHEDULES
 
@@ -38,7 +39,7 @@ class BenchOptions:
     quantize: str = "auto"  # EngineConfig.quantize for our schedules
     dataset: str | None = None  # --workload: a fixed prompt dataset (nxctl/bench/datasets.py); None: random
     speculative: str | None = None  # cb_spec and the single request's speculative run (engine/spec)
-    num_speculative_tokens: int = 8
+    num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
     draft_model: str | None = None
 
     def __post_init__(self) -> None:

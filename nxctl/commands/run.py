@@ -16,6 +16,7 @@ from engine.errors import NxError
 from engine.llm_engine import LLM
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.spec.config import DEFAULT_SPECULATIVE_TOKENS
 from engine.structured import Grammar
 from nxctl.commands.common import DRAFT_MODEL_HELP, QUANTIZE_HELP, SPECULATIVE_HELP, fail
 
@@ -92,7 +93,7 @@ def run(
     speculative: Annotated[str | None, typer.Option("--speculative", help=SPECULATIVE_HELP)] = None,
     num_speculative_tokens: Annotated[
         int, typer.Option("--num-speculative-tokens", help="K: most tokens proposed per step.")
-    ] = 8,
+    ] = DEFAULT_SPECULATIVE_TOKENS,
     draft_model: Annotated[str | None, typer.Option("--draft-model", help=DRAFT_MODEL_HELP)] = None,
 ) -> None:
     """One chat turn with a model, printed as it is generated. A model Ollama pulled brings its

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from engine.errors import InvalidRequestError, NxError
+from engine.spec.config import DEFAULT_SPECULATIVE_TOKENS
 from engine.workload import LengthRange, WorkloadSpec, parse_weights
 from nxctl.bench.bench_run import BenchResult, run_bench
 from nxctl.bench.options import SCHEDULES, BenchOptions
@@ -132,7 +133,7 @@ def bench(
     ] = None,
     num_speculative_tokens: Annotated[
         int, typer.Option("--num-speculative-tokens", help="K: most tokens proposed per request per step.")
-    ] = 8,
+    ] = DEFAULT_SPECULATIVE_TOKENS,
     draft_model: Annotated[
         str | None,
         typer.Option("--draft-model", help=DRAFT_MODEL_HELP),

@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from engine.errors import InvalidRequestError
+from engine.spec.config import DEFAULT_SPECULATIVE_TOKENS
 from nxctl.commands.common import DRAFT_MODEL_HELP, QUANTIZE_HELP, SPECULATIVE_HELP, fail
 from nxctl.server.settings import DEFAULT_PORT, SeatSettings, parse_duration
 
@@ -38,7 +39,7 @@ def build_settings(
     max_body_mb: float = 8.0,
     quiet: bool = False,
     speculative: str | None = None,
-    num_speculative_tokens: int = 8,
+    num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS,
     draft_model: str | None = None,
     cors_origins: tuple[str, ...] = (),
     faults: tuple[str, ...] = (),
@@ -191,7 +192,7 @@ def serve(
     speculative: Annotated[str | None, typer.Option("--speculative", help=SPECULATIVE_HELP)] = None,
     num_speculative_tokens: Annotated[
         int, typer.Option("--num-speculative-tokens", help="K: most tokens proposed per request per step.")
-    ] = 8,
+    ] = DEFAULT_SPECULATIVE_TOKENS,
     draft_model: Annotated[str | None, typer.Option("--draft-model", help=DRAFT_MODEL_HELP)] = None,
     cors_origin: Annotated[
         list[str] | None,

@@ -9,7 +9,7 @@ from typing import Any
 
 from engine.config import QUANTIZE_MODES
 from engine.errors import InvalidRequestError
-from engine.spec.config import SpecConfig
+from engine.spec.config import DEFAULT_SPECULATIVE_TOKENS, SpecConfig
 from nxctl.server.faults import SEAT_FAULTS
 
 DEFAULT_PORT = 11434
@@ -80,7 +80,7 @@ class SeatSettings:
     load_timeout_s: float = 300.0
     log_requests: bool = True
     speculative: str | None = None  # every served model's engine speculates (engine/spec); None: off
-    num_speculative_tokens: int = 8
+    num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
     draft_model: str | None = None
     cors_origins: tuple[str, ...] = ()
     faults: tuple[str, ...] = ()  # testing only: nxctl/server/faults.py
