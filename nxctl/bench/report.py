@@ -12,7 +12,7 @@ from nxctl.bench.bench_run import BenchResult
 from nxctl.bench.options import SEQUENTIAL_SUBSET
 from nxctl.bench.peers.registry import SUBPROCESS_SCHEDULES
 from nxctl.bench.serving_metrics import LATENCIES, STATS
-from nxctl.bench.summary import schedules_json, to_json
+from nxctl.bench.summary import cpu_kernels, schedules_json, to_json
 
 
 def _cell(value: Any, digits: int) -> str:
@@ -89,9 +89,11 @@ def title(result: BenchResult) -> str:
     if opts.url is not None:
         concurrency = opts.concurrency or spec.num_requests
         return f"sched bench: {opts.model} served at {opts.url}, {workload}, concurrency {concurrency}"
+    backend = cpu_kernels(result)
+    kernel_note = f" ({backend} kernels)" if backend else ""
     return (
         f"sched bench: {opts.model} {opts.dtype} on {result.device}, {workload}, max {opts.max_num_seqs} "
-        f"seqs, {result.threads} threads, {opts.repeat} repeat(s)"
+        f"seqs, {result.threads} threads{kernel_note}, {opts.repeat} repeat(s)"
     )
 
 

@@ -2,7 +2,7 @@
 
 JSON layout: ``{"device", "peer", "config", "schedules": {name: {metric: {median, min, max} | value}},
 "ratios": {name: {median, min, max}}, "figures": {dotted name: number}, "machine": {"peak_gflops",
-"threads"}, "peak_rss_mb", "agreement", "peers": {schedule: what its driver said, load_s},
+"threads", "kernels"}, "peak_rss_mb", "agreement", "peers": {schedule: what its driver said, load_s},
 "skipped_peers": {peer or schedule: the line said}}``; ``peer`` is the peers named, comma-joined. ``figures`` is flat (the census reads it): each measured
 metric's median across repeats under ``<schedule>.<metric>[.<stat>]`` and each ratio as ``ratios.<name>``.
 A ratio is computed per repeat (runs of one repeat are neighbours in time) and then aggregated.
@@ -16,6 +16,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from engine import kernels
 from nxctl.bench.bench_run import BenchResult
 from nxctl.bench.figures import RATIOS, Ratio, dtype_ratio, is_declared
 
@@ -28,6 +29,14 @@ VALUE_KEYS = (
     "output_len",
     "concurrency",
 )
+
+
+def cpu_kernels(result: BenchResult) -> str | None:
+    """The kernel backend our CPU schedules ran on (avx512, avx2, generic, portable): a verify step's
+    or a batch's speed depends on it; None off the CPU and for a seat measured over HTTP."""
+    if result.device != "cpu" or result.options.url is not None:
+        return None
+    return kernels.backend().name
 
 
 def aggregate(values: list[Any]) -> Any:
@@ -121,6 +130,7 @@ def to_json(result: BenchResult) -> dict[str, Any]:
             "peak_gflops": result.peak_gflops,
             "read_gbps": result.read_gbps,
             "threads": result.threads,
+            "kernels": cpu_kernels(result),
         },
         "peak_rss_mb": result.peak_rss_mb,
         "wall_s": result.setup_s,
