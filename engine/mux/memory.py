@@ -58,17 +58,23 @@ def sample() -> MemorySample:
     return MemorySample(rss_bytes(), cuda_allocated())
 
 
-@cache
-def _malloc_trim() -> Any:
-    """glibc's malloc_trim, or None where the C library has none (musl, macOS, Windows)."""
-    name = ctypes.util.find_library("c")
+def _libc_function(name: str, argtypes: list[Any]) -> Any:
+    """The C library's function ``name`` returning int, or None where it has none (glibc-only calls
+    on musl, macOS, Windows)."""
+    library = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name) if name else ctypes.CDLL(None)
-        trim = libc.malloc_trim
+        libc = ctypes.CDLL(library) if library else ctypes.CDLL(None)
+        function = getattr(libc, name)
     except (OSError, AttributeError):
         return None
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return trim
+    function.argtypes, function.restype = argtypes, ctypes.c_int
+    return function
+
+
+@cache
+def _malloc_trim() -> Any:
+    """glibc's malloc_trim, or None where the C library has none."""
+    return _libc_function("malloc_trim", [ctypes.c_size_t])
 
 
 # glibc's mallopt parameter for the most arenas (malloc.h: M_ARENA_MAX).
@@ -86,14 +92,8 @@ def limit_malloc_arenas(arenas: int = SEAT_MALLOC_ARENAS) -> bool:
     environment is the user's and is kept; a C library without mallopt is left alone."""
     if "MALLOC_ARENA_MAX" in os.environ or "arena_max" in os.environ.get("GLIBC_TUNABLES", ""):
         return False
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return mallopt(_M_ARENA_MAX, arenas) == 1
+    mallopt = _libc_function("mallopt", [ctypes.c_int, ctypes.c_int])
+    return mallopt is not None and mallopt(_M_ARENA_MAX, arenas) == 1
 
 
 def settle_long_running_process() -> None:

@@ -115,35 +115,10 @@ void linear_tile_rows(int64_t rows, const float* xt, int64_t K, const W* panel, 
 // one stream of weights, so a few rows take two or three panels side by side (measured: 6 rows of
 // SmolLM2's linears 15% faster, 2 rows 20%). Every output is still the same single chain over
 // k = 0..K-1 as in linear_tile, so the bits depend neither on P nor on how rows are grouped.
-template <class O, class W, int R, int P>
-void linear_tile_wide(const float* xt, int64_t K, const W* panel, int64_t panel_step, float* y, int64_t ldy,
-                      int64_t col, int64_t N) {
-  using V = typename O::V;
-  V acc[R][2 * P];
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < 2 * P; ++j) acc[r][j] = O::zero();
-  for (int64_t k = 0; k < K; ++k) {
-    V w[2 * P];
-    for (int p = 0; p < P; ++p) {
-      __builtin_prefetch(panel + p * panel_step + (k + kPrefetchAhead) * kPanel);
-      w[2 * p] = O::load(panel + p * panel_step + k * kPanel);
-      w[2 * p + 1] = O::load(panel + p * panel_step + k * kPanel + kLanes);
-    }
-    for (int r = 0; r < R; ++r) {
-      const V xb = O::set1(xt[k * kRowTile + r]);
-      for (int j = 0; j < 2 * P; ++j) acc[r][j] = O::fma(xb, w[j], acc[r][j]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int p = 0; p < P; ++p)
-      store_columns<O>(y + r * ldy + col + p * kPanel, acc[r][2 * p], acc[r][2 * p + 1],
-                       std::min(kPanel, N - col - p * kPanel));
-}
-
-// linear_tile_wide over k in [k0, k1) only, its accumulators carried in memory between calls: acc
+// This runs over k in [k0, k1) only, its accumulators carried in memory between calls: acc
 // [R][2P][kLanes] holds the chains after k0 - 1 (ignored at k0 = 0, where they start from 0) and
 // receives them after k1 - 1. A value stored and loaded back is the same value, so every output is
-// still the one fma chain over k = 0..K-1 of linear_tile_wide, however K is cut.
+// one fma chain over k = 0..K-1 however K is cut.
 template <class O, class W, int R, int P>
 void linear_tile_wide_span(const float* xt, int64_t k0, int64_t k1, const W* panel, int64_t panel_step,
                            float* acc_mem) {
@@ -165,6 +140,20 @@ void linear_tile_wide_span(const float* xt, int64_t k0, int64_t k1, const W* pan
   }
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < 2 * P; ++j) O::store(acc_mem + (r * 2 * P + j) * kLanes, acc[r][j]);
+}
+
+// R rows x P panels over the whole of K, stored to y
+template <class O, class W, int R, int P>
+void linear_tile_wide(const float* xt, int64_t K, const W* panel, int64_t panel_step, float* y, int64_t ldy,
+                      int64_t col, int64_t N) {
+  alignas(32) float acc[R * 2 * P * kLanes];
+  linear_tile_wide_span<O, W, R, P>(xt, 0, K, panel, panel_step, acc);
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) {
+      const float* a = acc + (r * 2 * P + 2 * p) * kLanes;
+      store_columns<O>(y + r * ldy + col + p * kPanel, O::load(a), O::load(a + kLanes),
+                       std::min(kPanel, N - col - p * kPanel));
+    }
 }
 
 // rows [0, rows) of an interleaved block (rows <= kWideRows) x two panels side by side, in groups of at
