@@ -75,12 +75,12 @@ def backend() -> Backend:
     if not _torch_allows_avx2():
         capability = torch.backends.cpu.get_cpu_capability()
         return Backend("generic", f"torch CPU capability {capability}", module)
-    if module.cpu_has_avx512() and _torch_allows_avx512():
-        return Backend("avx512", "CPU has AVX512F+AVX2+FMA+F16C", module)
-    if module.cpu_has_avx512():
+    if not module.cpu_has_avx512():
+        return Backend("avx2", "CPU has AVX2+FMA+F16C", module)
+    if not _torch_allows_avx512():
         capability = torch.backends.cpu.get_cpu_capability()
         return Backend("avx2", f"torch CPU capability {capability} (AVX512F on the CPU)", module)
-    return Backend("avx2", "CPU has AVX2+FMA+F16C", module)
+    return Backend("avx512", "CPU has AVX512F+AVX2+FMA+F16C", module)
 
 
 def compiled_isas() -> tuple[str, ...]:

@@ -11,7 +11,6 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <algorithm>
 #include <cstdint>
-#include <vector>
 
 #include "vec.h"
 
@@ -85,19 +84,19 @@ template <class W>
 void linear_panels_avx512(const float* x, int64_t M, int64_t K, const W* packed, int64_t N, float* y,
                           int64_t panel_begin, int64_t panel_end) {
   const int64_t step = K * kPanel;
-  std::vector<float> acc(static_cast<size_t>(std::min(M, kRowBlock) * 4 * kPanel));  // [rows][P][16]
+  alignas(64) float acc[kRowBlock * 4 * kPanel];  // [rows][P][16]: the chains between spans (24 KB)
   for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
     const int64_t rows = std::min(M, m0 + kRowBlock) - m0;
-    const int64_t wide = rows <= 4 ? 4 : 2;
     for (int64_t p = panel_begin; p < panel_end;) {
-      const int64_t P = std::min(wide, panel_end - p) == 4 ? 4 : std::min<int64_t>(2, panel_end - p);
+      const int64_t left = panel_end - p;
+      const int64_t P = rows <= 4 && left >= 4 ? 4 : std::min<int64_t>(2, left);
       const W* panel = packed + p * step;
       for (int64_t k0 = 0; k0 < K; k0 += kDepthSpan) {
         const int64_t k1 = std::min(K, k0 + kDepthSpan);
         for (int64_t g = 0; g < rows; g += kGroupRows) {
           const int64_t n = std::min<int64_t>(kGroupRows, rows - g);
           const float* xg = x + (m0 + g) * K;
-          float* a = acc.data() + g * P * kPanel;
+          float* a = acc + g * P * kPanel;
           if (P == 4) {
             tile_span_rows_wide<W>(n, xg, K, k0, k1, panel, step, a);
           } else if (P == 2) {
@@ -110,8 +109,8 @@ void linear_panels_avx512(const float* x, int64_t M, int64_t K, const W* packed,
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t j = 0; j < P; ++j) {
           const int64_t col = (p + j) * kPanel, cols = std::min(kPanel, N - col);
-          const __mmask16 keep = cols == kPanel ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << cols) - 1);
-          _mm512_mask_storeu_ps(y + (m0 + r) * N + col, keep, _mm512_loadu_ps(acc.data() + (r * P + j) * kPanel));
+          const auto keep = static_cast<__mmask16>((1u << cols) - 1);  // cols <= 16
+          _mm512_mask_storeu_ps(y + (m0 + r) * N + col, keep, _mm512_loadu_ps(acc + (r * P + j) * kPanel));
         }
       p += P;
     }

@@ -142,18 +142,24 @@ void linear_tile_wide_span(const float* xt, int64_t k0, int64_t k1, const W* pan
     for (int j = 0; j < 2 * P; ++j) O::store(acc_mem + (r * 2 * P + j) * kLanes, acc[r][j]);
 }
 
+// accumulators acc [rows][2P][kLanes] (P panels side by side from column col) into y's rows
+template <class O>
+void store_accumulators(const float* acc, int64_t rows, int P, float* y, int64_t ldy, int64_t col, int64_t N) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int p = 0; p < P; ++p) {
+      const float* a = acc + (r * 2 * P + 2 * p) * kLanes;
+      store_columns<O>(y + r * ldy + col + p * kPanel, O::load(a), O::load(a + kLanes),
+                       std::min(kPanel, N - col - p * kPanel));
+    }
+}
+
 // R rows x P panels over the whole of K, stored to y
 template <class O, class W, int R, int P>
 void linear_tile_wide(const float* xt, int64_t K, const W* panel, int64_t panel_step, float* y, int64_t ldy,
                       int64_t col, int64_t N) {
   alignas(32) float acc[R * 2 * P * kLanes];
   linear_tile_wide_span<O, W, R, P>(xt, 0, K, panel, panel_step, acc);
-  for (int r = 0; r < R; ++r)
-    for (int p = 0; p < P; ++p) {
-      const float* a = acc + (r * 2 * P + 2 * p) * kLanes;
-      store_columns<O>(y + r * ldy + col + p * kPanel, O::load(a), O::load(a + kLanes),
-                       std::min(kPanel, N - col - p * kPanel));
-    }
+  store_accumulators<O>(acc, R, P, y, ldy, col, N);
 }
 
 // rows [0, rows) of an interleaved block (rows <= kWideRows) x two panels side by side, in groups of at
@@ -193,12 +199,7 @@ void linear_pair_grouped(const float* xt, int64_t K, int64_t rows, const W* pane
       }
     }
   }
-  for (int64_t r = 0; r < rows; ++r)
-    for (int p = 0; p < 2; ++p) {
-      const float* a = acc + (r * 4 + 2 * p) * kLanes;
-      store_columns<O>(y + r * ldy + col + p * kPanel, O::load(a), O::load(a + kLanes),
-                       std::min(kPanel, N - col - p * kPanel));
-    }
+  store_accumulators<O>(acc, rows, 2, y, ldy, col, N);
 }
 
 // Column panels [panel_begin, panel_end) of y = x @ W^T. Rows go by blocks whose inputs, interleaved
