@@ -1,16 +1,19 @@
-// The AVX-512 table: the AVX2 table with its float32 and bfloat16 linears replaced by 16-lane ones.
+// The AVX-512 table: the AVX2 table with its linears (float32, bfloat16 and the quantized formats)
+// replaced by 16-lane ones.
 //
 // A linear's lanes are output columns, never terms of one sum: each output is still the one fma chain
 // over k = 0..K-1 starting from 0 that kernels.h promises, so these linears give the AVX2 and generic
 // linears' bits (the tests compare all three). What changes is speed where a step has several rows (a
 // speculative verify, a batch): one 16-lane fma per panel and row instead of two 8-lane ones, and 32
-// registers, so up to 12 rows share each weight load. Everything else (attention, norms, softmax, the
-// quantized linears) is the AVX2 code: its 8-lane reductions fix their order, so they keep their width.
+// registers, so up to 12 rows share each weight load; a quantized weight is dequantized 16 columns at
+// a time, once per span of K for all the rows. Everything else (attention, norms, softmax) is the AVX2
+// code: its 8-lane reductions fix their order, so they keep their width.
 // bindings.cpp uses this table only when the CPU has AVX512F (with AVX2, FMA and F16C) and torch's own
 // dispatch (ATEN_CPU_CAPABILITY) allows AVX-512.
 #if defined(__x86_64__) || defined(_M_X64)
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 #include "vec.h"
 
@@ -30,14 +33,15 @@ inline __m512 load_panel_row(const uint16_t* p) {  // 16 bfloat16 -> float32 (ex
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
 
-// R rows x P panels over k in [k0, k1). x: the rows' inputs, row r at x + r * K. acc [R][P] carries
-// the chains between spans (zeros at k0 = 0); one register per (row, panel), 16 output columns each.
+// R rows x P panels over n k's of one span: x at the span's first k of row 0 (row r at x + r * K),
+// panel at the span's first k of panel 0 (panel p at panel + p * panel_step). acc [R][P][16] carries
+// the chains between spans (zeros for the first span); one register per (row, panel).
 template <class W, int R, int P>
-void tile_span(const float* x, int64_t K, int64_t k0, int64_t k1, const W* panel, int64_t panel_step, float* acc_mem) {
+void tile_span(const float* x, int64_t K, int64_t n, const W* panel, int64_t panel_step, bool first, float* acc_mem) {
   __m512 acc[R][P];
   for (int r = 0; r < R; ++r)
-    for (int p = 0; p < P; ++p) acc[r][p] = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(acc_mem + (r * P + p) * kPanel);
-  for (int64_t k = k0; k < k1; ++k) {
+    for (int p = 0; p < P; ++p) acc[r][p] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc_mem + (r * P + p) * kPanel);
+  for (int64_t k = 0; k < n; ++k) {
     __m512 w[P];
     for (int p = 0; p < P; ++p) {
       __builtin_prefetch(panel + p * panel_step + (k + kPrefetchAhead) * kPanel);
@@ -53,26 +57,26 @@ void tile_span(const float* x, int64_t K, int64_t k0, int64_t k1, const W* panel
 }
 
 template <class W, int P>
-void tile_span_rows(int64_t rows, const float* x, int64_t K, int64_t k0, int64_t k1, const W* panel, int64_t step,
+void tile_span_rows(int64_t rows, const float* x, int64_t K, int64_t n, const W* panel, int64_t step, bool first,
                     float* acc) {
   switch (rows) {
-#define NXK_ROWS(n) \
-  case n: tile_span<W, n, P>(x, K, k0, k1, panel, step, acc); break;
+#define NXK_ROWS(r) \
+  case r: tile_span<W, r, P>(x, K, n, panel, step, first, acc); break;
     NXK_ROWS(12) NXK_ROWS(11) NXK_ROWS(10) NXK_ROWS(9) NXK_ROWS(8) NXK_ROWS(7)
     NXK_ROWS(6) NXK_ROWS(5) NXK_ROWS(4) NXK_ROWS(3) NXK_ROWS(2)
 #undef NXK_ROWS
-    default: tile_span<W, 1, P>(x, K, k0, k1, panel, step, acc); break;
+    default: tile_span<W, 1, P>(x, K, n, panel, step, first, acc); break;
   }
 }
 
 template <class W>
-void tile_span_rows_wide(int64_t rows, const float* x, int64_t K, int64_t k0, int64_t k1, const W* panel, int64_t step,
+void tile_span_rows_wide(int64_t rows, const float* x, int64_t K, int64_t n, const W* panel, int64_t step, bool first,
                          float* acc) {  // four panels side by side, for up to 4 rows
   switch (rows) {
-    case 4: tile_span<W, 4, 4>(x, K, k0, k1, panel, step, acc); break;
-    case 3: tile_span<W, 3, 4>(x, K, k0, k1, panel, step, acc); break;
-    case 2: tile_span<W, 2, 4>(x, K, k0, k1, panel, step, acc); break;
-    default: tile_span<W, 1, 4>(x, K, k0, k1, panel, step, acc); break;
+    case 4: tile_span<W, 4, 4>(x, K, n, panel, step, first, acc); break;
+    case 3: tile_span<W, 3, 4>(x, K, n, panel, step, first, acc); break;
+    case 2: tile_span<W, 2, 4>(x, K, n, panel, step, first, acc); break;
+    default: tile_span<W, 1, 4>(x, K, n, panel, step, first, acc); break;
   }
 }
 
@@ -80,29 +84,31 @@ void tile_span_rows_wide(int64_t rows, const float* x, int64_t K, int64_t k0, in
 // stay in cache), each block's rows in register tiles of up to 12 rows; panels four side by side for a
 // block of up to 4 rows, else two; K in spans of kDepthSpan, every tile of the block running over one
 // span before the next span starts (the span's weights come from memory once, then from L1).
-template <class W>
-void linear_panels_avx512(const float* x, int64_t M, int64_t K, const W* packed, int64_t N, float* y,
-                          int64_t panel_begin, int64_t panel_end) {
-  const int64_t step = K * kPanel;
+// span_of(p, P, k0, k1) gives the weights of panels p .. p + P - 1 over k0 .. k1 - 1: a pointer to
+// panel p's row k0 and the distance between panels (the packed weight itself, or a span dequantized
+// into a buffer).
+template <class W, class SpanOf>
+void panels_by_spans(const float* x, int64_t M, int64_t K, int64_t N, float* y, int64_t panel_begin,
+                     int64_t panel_end, SpanOf span_of) {
   alignas(64) float acc[kRowBlock * 4 * kPanel];  // [rows][P][16]: the chains between spans (24 KB)
   for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
     const int64_t rows = std::min(M, m0 + kRowBlock) - m0;
     for (int64_t p = panel_begin; p < panel_end;) {
       const int64_t left = panel_end - p;
       const int64_t P = rows <= 4 && left >= 4 ? 4 : std::min<int64_t>(2, left);
-      const W* panel = packed + p * step;
       for (int64_t k0 = 0; k0 < K; k0 += kDepthSpan) {
-        const int64_t k1 = std::min(K, k0 + kDepthSpan);
+        const int64_t n = std::min(K, k0 + kDepthSpan) - k0;
+        const auto [panel, step] = span_of(p, P, k0, k0 + n);
         for (int64_t g = 0; g < rows; g += kGroupRows) {
-          const int64_t n = std::min<int64_t>(kGroupRows, rows - g);
-          const float* xg = x + (m0 + g) * K;
+          const int64_t r = std::min<int64_t>(kGroupRows, rows - g);
+          const float* xg = x + (m0 + g) * K + k0;
           float* a = acc + g * P * kPanel;
           if (P == 4) {
-            tile_span_rows_wide<W>(n, xg, K, k0, k1, panel, step, a);
+            tile_span_rows_wide<W>(r, xg, K, n, panel, step, k0 == 0, a);
           } else if (P == 2) {
-            tile_span_rows<W, 2>(n, xg, K, k0, k1, panel, step, a);
+            tile_span_rows<W, 2>(r, xg, K, n, panel, step, k0 == 0, a);
           } else {
-            tile_span_rows<W, 1>(n, xg, K, k0, k1, panel, step, a);
+            tile_span_rows<W, 1>(r, xg, K, n, panel, step, k0 == 0, a);
           }
         }
       }
@@ -117,6 +123,146 @@ void linear_panels_avx512(const float* x, int64_t M, int64_t K, const W* packed,
   }
 }
 
+template <class W>
+void linear_panels_avx512(const float* x, int64_t M, int64_t K, const W* packed, int64_t N, float* y,
+                          int64_t panel_begin, int64_t panel_end) {
+  const int64_t step = K * kPanel;
+  panels_by_spans<W>(x, M, K, N, y, panel_begin, panel_end, [&](int64_t p, int64_t, int64_t k0, int64_t) {
+    return std::pair<const W*, int64_t>{packed + p * step + k0 * kPanel, step};
+  });
+}
+
+// ---- quantized weights (quantized.h's formats), dequantized 16 at a time ----
+
+// One tile's scales; ``at(kk)`` is row kk's 16 weights: the products quantized.h's QTile gives, one
+// element at a time (q * d, or fma(q, d, m)), so the same float32 values.
+template <int F>
+struct QTile16 {
+  const uint8_t* quants;
+  __m512 d, m;  // Q8S: m holds the scales of k 16..31
+
+  static __m512 half16(const uint8_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+
+  QTile16() = default;
+  explicit QTile16(const uint8_t* tile) {
+    if constexpr (F == kQ4S || F == kQ8S) {
+      d = _mm512_loadu_ps(reinterpret_cast<const float*>(tile));
+      m = _mm512_loadu_ps(reinterpret_cast<const float*>(tile + kWideScaleBytes));
+      quants = tile + 2 * kWideScaleBytes;
+    } else if constexpr (F == kQ4) {
+      d = half16(tile);
+      m = half16(tile + kScaleBytes);
+      quants = tile + 2 * kScaleBytes;
+    } else {
+      d = half16(tile);
+      m = _mm512_setzero_ps();
+      quants = tile + kScaleBytes;
+    }
+  }
+
+  __m512 at(int64_t kk) const {
+    if constexpr (F == kQ8 || F == kQ8S) {
+      const __m128i q8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(quants + kk * kPanel));
+      const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8));
+      return _mm512_mul_ps(q, F == kQ8 || kk < kQBlock / 2 ? d : m);
+    } else {  // byte j: column j in its low nibble, column j + 8 in its high one
+      const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(quants + kk * (kPanel / 2)));
+      const __m128i both = _mm_and_si128(_mm_unpacklo_epi64(bytes, _mm_srli_epi16(bytes, 4)), _mm_set1_epi8(0x0F));
+      return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(both)), d, m);
+    }
+  }
+};
+
+// panels [p, p + P) over k0 .. k1 - 1 (multiples of 32) dequantized into out [P][kDepthSpan][16]
+template <int F>
+void dequantize_span(const uint8_t* packed, int64_t panel_bytes, int64_t p, int64_t P, int64_t k0, int64_t k1,
+                     float* out) {
+  constexpr int64_t TB = tile_bytes(F);
+  for (int64_t j = 0; j < P; ++j) {
+    const uint8_t* panel = packed + (p + j) * panel_bytes;
+    float* rows = out + j * kDepthSpan * kPanel;
+    for (int64_t b = k0 / kQBlock; b < k1 / kQBlock; ++b) {
+      const QTile16<F> t(panel + b * TB);
+      float* row = rows + (b * kQBlock - k0) * kPanel;
+      for (int64_t kk = 0; kk < kQBlock; ++kk) _mm512_store_ps(row + kk * kPanel, t.at(kk));
+    }
+  }
+}
+
+// R rows x P panels over the whole of K, weights dequantized in registers (a few rows: the weights
+// are used too few times to be worth a trip through a buffer), stored to y
+template <int F, int R, int P>
+void qtile(const float* x, int64_t K, const uint8_t* panel, int64_t panel_bytes, float* y, int64_t N, int64_t col) {
+  constexpr int64_t TB = tile_bytes(F);
+  __m512 acc[R][P];
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < K / kQBlock; ++b) {
+    QTile16<F> t[P];
+    for (int p = 0; p < P; ++p) {
+      const uint8_t* tile = panel + p * panel_bytes + b * TB;
+      __builtin_prefetch(tile + 4 * TB);
+      __builtin_prefetch(tile + 4 * TB + 64);
+      t[p] = QTile16<F>(tile);
+    }
+    for (int64_t kk = 0; kk < kQBlock; ++kk) {
+      __m512 w[P];
+      for (int p = 0; p < P; ++p) w[p] = t[p].at(kk);
+      for (int r = 0; r < R; ++r) {
+        const __m512 xb = _mm512_set1_ps(x[r * K + b * kQBlock + kk]);
+        for (int p = 0; p < P; ++p) acc[r][p] = _mm512_fmadd_ps(xb, w[p], acc[r][p]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) {
+      const int64_t c = col + p * kPanel, cols = std::min(kPanel, N - c);
+      _mm512_mask_storeu_ps(y + r * N + c, static_cast<__mmask16>((1u << cols) - 1), acc[r][p]);
+    }
+}
+
+template <int F, int P>
+void qtile_rows(int64_t rows, const float* x, int64_t K, const uint8_t* panel, int64_t panel_bytes, float* y,
+                int64_t N, int64_t col) {
+  switch (rows) {
+    case 3: qtile<F, 3, P>(x, K, panel, panel_bytes, y, N, col); break;
+    case 2: qtile<F, 2, P>(x, K, panel, panel_bytes, y, N, col); break;
+    default: qtile<F, 1, P>(x, K, panel, panel_bytes, y, N, col); break;
+  }
+}
+
+constexpr int64_t kInRegisterRows = 3;  // up to this many rows, quantized weights are dequantized in registers
+
+// Column panels [panel_begin, panel_end) of y = x @ W^T for a packed quantized W: a few rows with the
+// weights dequantized in registers, four panels side by side; more rows, each span of weights
+// dequantized once into an L1 buffer that every row tile then reads. Either way each output is the
+// one fma chain over k of the float32 linear over the dequantized weight: the same bits.
+template <int F>
+void qlinear_panels_avx512(const float* x, int64_t M, int64_t K, const uint8_t* packed, int64_t N, float* y,
+                           int64_t panel_begin, int64_t panel_end) {
+  const int64_t panel_bytes = K / kQBlock * tile_bytes(F);
+  if (M <= kInRegisterRows) {
+    for (int64_t p = panel_begin; p < panel_end;) {
+      const uint8_t* panel = packed + p * panel_bytes;
+      if (p + 4 <= panel_end) {
+        qtile_rows<F, 4>(M, x, K, panel, panel_bytes, y, N, p * kPanel);
+        p += 4;
+      } else {
+        qtile_rows<F, 1>(M, x, K, panel, panel_bytes, y, N, p * kPanel);
+        p += 1;
+      }
+    }
+    return;
+  }
+  alignas(64) float span[4 * kDepthSpan * kPanel];  // up to 4 panels x one span (32 KB)
+  panels_by_spans<float>(x, M, K, N, y, panel_begin, panel_end, [&](int64_t p, int64_t P, int64_t k0, int64_t k1) {
+    dequantize_span<F>(packed, panel_bytes, p, P, k0, k1, span);
+    return std::pair<const float*, int64_t>{span, kDepthSpan * kPanel};
+  });
+}
+
 }  // namespace
 
 KernelTable avx512_table() {
@@ -124,6 +270,10 @@ KernelTable avx512_table() {
   t.name = "avx512";
   t.linear_f32 = &linear_panels_avx512<float>;
   t.linear_bf16 = &linear_panels_avx512<uint16_t>;
+  t.qlinear_q8 = &qlinear_panels_avx512<kQ8>;
+  t.qlinear_q4 = &qlinear_panels_avx512<kQ4>;
+  t.qlinear_q4s = &qlinear_panels_avx512<kQ4S>;
+  t.qlinear_q8s = &qlinear_panels_avx512<kQ8S>;
   return t;
 }
 

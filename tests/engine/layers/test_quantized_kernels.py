@@ -70,6 +70,24 @@ def test_qlinear_is_the_float_linear_over_the_dequantized_weight_bit_for_bit(
         assert torch.equal(kernels.qlinear(x, packed, fmt, n), kernels.linear(x, float_packed, n)), (m, qtype)
 
 
+@pytest.mark.parametrize(("qtype", "shape"), [(q, (130, s[1])) for q, s in CASES if s[1] >= 96])
+def test_qlinear_bits_equal_in_every_instruction_set_at_every_row_count(qtype: str, shape: tuple[int, int]):
+    """Every route (weights dequantized in registers for a few rows, four panels side by side or one;
+    spans of K dequantized into a buffer for more rows; a last partial panel) on every compiled
+    instruction set gives the generic build's bits."""
+    module = kernels.backend().module
+    if module is None:
+        pytest.skip("the C++ kernels are not built on this machine")
+    n, k = shape
+    fmt, packed = pack_quantized(_quantized(qtype, n, k, seed=16))
+    gen = torch.Generator().manual_seed(17)
+    for m in (1, 2, 3, 4, 5, 12, 13, 16, 97, 130):
+        x = torch.randn(m, k, generator=gen)
+        expected = module.qlinear("generic", x, packed, fmt, n)
+        for isa in kernels.compiled_isas():
+            assert torch.equal(module.qlinear(isa, x, packed, fmt, n), expected), (isa, m)
+
+
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_a_rows_output_is_the_same_alone_among_others_and_at_any_thread_count(qtype: str):
     n, k = 70, 512 if qtype in SCALE_FIELDS else 192
