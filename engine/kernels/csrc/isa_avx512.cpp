@@ -33,6 +33,11 @@ inline __m512 load_panel_row(const uint16_t* p) {  // 16 bfloat16 -> float32 (ex
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
 
+// the first ``cols`` (<= 16) of one output row's 16 columns
+inline void store_columns(float* y, __m512 v, int64_t cols) {
+  _mm512_mask_storeu_ps(y, static_cast<__mmask16>((1u << cols) - 1), v);
+}
+
 // R rows x P panels over n k's of one span: x at the span's first k of row 0 (row r at x + r * K),
 // panel at the span's first k of panel 0 (panel p at panel + p * panel_step). acc [R][P][16] carries
 // the chains between spans (zeros for the first span); one register per (row, panel).
@@ -114,9 +119,8 @@ void panels_by_spans(const float* x, int64_t M, int64_t K, int64_t N, float* y, 
       }
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t j = 0; j < P; ++j) {
-          const int64_t col = (p + j) * kPanel, cols = std::min(kPanel, N - col);
-          const auto keep = static_cast<__mmask16>((1u << cols) - 1);  // cols <= 16
-          _mm512_mask_storeu_ps(y + (m0 + r) * N + col, keep, _mm512_loadu_ps(acc + (r * P + j) * kPanel));
+          const int64_t col = (p + j) * kPanel;
+          store_columns(y + (m0 + r) * N + col, _mm512_loadu_ps(acc + (r * P + j) * kPanel), std::min(kPanel, N - col));
         }
       p += P;
     }
@@ -218,8 +222,8 @@ void qtile(const float* x, int64_t K, const uint8_t* panel, int64_t panel_bytes,
   }
   for (int r = 0; r < R; ++r)
     for (int p = 0; p < P; ++p) {
-      const int64_t c = col + p * kPanel, cols = std::min(kPanel, N - c);
-      _mm512_mask_storeu_ps(y + r * N + c, static_cast<__mmask16>((1u << cols) - 1), acc[r][p]);
+      const int64_t c = col + p * kPanel;
+      store_columns(y + r * N + c, acc[r][p], std::min(kPanel, N - c));
     }
 }
 
