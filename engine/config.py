@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.errors import InvalidRequestError, UnsupportedModelError
-from engine.mux.registry import QUANTIZE_MODES
+from engine.mux.registry import ACTIVATION_MODES, DEFAULT_ACTIVATIONS, QUANTIZE_MODES
 from engine.spec.config import DEFAULT_SPECULATIVE_TOKENS, SpecConfig
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3")
@@ -213,10 +213,16 @@ class EngineConfig:
     weights in ``dtype``; "none" dequantizes everything to ``dtype``; "int8" also quantizes float linear
     weights to Q8_0 (int8 per 32 inputs, one scale each). Quantized weights run on the CPU kernels; on
     another device they are dequantized.
+
+    ``activations``: what a quantized weight's linear multiplies on the CPU kernels: "float" (the
+    float32 inputs: outputs equal to the float path over the dequantized weight, bit for bit) or "int8"
+    (inputs quantized per 32 to int8, exact integer dot products, llama.cpp's route: faster, outputs a
+    little off the float path's; invariant either way).
     """
 
     dtype: str = "float32"
     quantize: str = "auto"
+    activations: str = DEFAULT_ACTIVATIONS
     device: str = "auto"
     threads: int | None = None
     batch_invariant: bool = True
@@ -236,6 +242,10 @@ class EngineConfig:
         if self.quantize not in QUANTIZE_MODES:
             raise InvalidRequestError(
                 f"unsupported quantize mode {self.quantize!r}; choose one of {', '.join(QUANTIZE_MODES)}"
+            )
+        if self.activations not in ACTIVATION_MODES:
+            raise InvalidRequestError(
+                f"unsupported activations {self.activations!r}; choose one of {', '.join(ACTIVATION_MODES)}"
             )
         checks = {
             "block_size": self.block_size,

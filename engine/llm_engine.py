@@ -65,12 +65,13 @@ class Engine:
             config.batch_invariant,
             self._faults,
             config.quantize,
+            config.activations,
         )
         self._kv = KVCache(
             loaded.config, config.num_kv_blocks, config.block_size, config.torch_dtype, self.device
         )
         self._pool = BlockPool(config.num_kv_blocks, config.block_size)
-        model_key = f"{loaded.source.path}:{config.dtype}:{config.quantize}:{config.batch_invariant}"
+        model_key = f"{loaded.source.path}:{config.dtype}:{config.quantize}:{config.activations}:{config.batch_invariant}"
         self._scheduler = Scheduler(config, self._pool, model_key)
         self._runner = ModelRunner(self._model, self._kv)
         self._requests: dict[str, Sequence] = {}

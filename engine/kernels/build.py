@@ -15,7 +15,14 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-SOURCES = ("bindings.cpp", "decoder.cpp", "isa_generic.cpp", "isa_avx2.cpp", "isa_avx512.cpp")
+SOURCES = (
+    "bindings.cpp",
+    "decoder.cpp",
+    "isa_generic.cpp",
+    "isa_avx2.cpp",
+    "isa_avx512.cpp",
+    "isa_avx512_vnni.cpp",
+)
 # -fopenmp: at::parallel_for is an OpenMP region compiled into this module (without it, it runs on
 # one thread); libgomp resolves to the one torch already loaded (same soname), so
 # torch.set_num_threads governs our kernels too.

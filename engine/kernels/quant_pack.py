@@ -11,6 +11,10 @@ tile, q * d (+ m), is exactly gguf's dequantized value: the products are exact i
 The K types are regrouped by 32 k with float32 scales (their per-sub-block scales are products of a
 float16 and a small integer, exact in float32 but not in float16): Q4_K as Q4S (d, m = -dmin * min,
 nibbles as Q4), Q6_K as Q8S (a scale per 16 k, so two per tile, then the quants as int8).
+
+For int8 activations (engine/kernels/csrc/qdot.h) the same tiles hold their quants in the dot layout,
+format + DOT: k in quads of 4, each column's quad 4 bytes in a row (Q8: q ^ 0x80; Q4: quad j in the
+low nibbles of chunk j, quad j + 4 in the high ones). Same bytes, same scales.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from engine.quantized import BLOCK, QuantizedWeight
 
 PANEL = 16
 Q8, Q4, Q4S, Q8S = 0, 1, 2, 3  # quantized.h QFormat
+DOT = 4  # qdot.h: format + DOT is the format in the dot layout (int8 activations)
+QUADS = BLOCK // 4
 FORMAT_OF = {"Q8_0": Q8, "Q4_0": Q4, "Q4_1": Q4, "Q4_K": Q4S, "Q6_K": Q8S}
 SCALE_BYTES = PANEL * 2  # 16 float16 scales (or mins)
 WIDE_SCALE_BYTES = PANEL * 4  # 16 float32 scales (or mins)
@@ -101,8 +107,48 @@ def _pack_q6_k(weight: QuantizedWeight, panels: int) -> torch.Tensor:
     return torch.cat([first, second, _as_bytes(quants)], dim=-1)
 
 
-def pack_quantized(weight: QuantizedWeight) -> tuple[int, torch.Tensor]:
-    """(format, packed [P, K / 32, tile bytes] uint8) of a quantized [N, K] weight."""
+def _header_bytes(fmt: int) -> int:
+    """Bytes of a tile's scales, before its quants."""
+    return {Q8: SCALE_BYTES, Q4: 2 * SCALE_BYTES}.get(fmt, 2 * WIDE_SCALE_BYTES)
+
+
+def to_dot_layout(tiles: torch.Tensor, fmt: int) -> torch.Tensor:
+    """Tiles [..., tile bytes] of ``fmt`` with their quants regrouped for int8 activations (format
+    fmt + DOT; see the module docstring)."""
+    head, body = tiles[..., : _header_bytes(fmt)], tiles[..., _header_bytes(fmt) :]
+    lead = tiles.shape[:-1]
+    if fmt in (Q8, Q8S):
+        quads = body.reshape(*lead, QUADS, 4, PANEL).transpose(-1, -2)  # [..., 8, 16, 4]
+        return torch.cat([head, (quads ^ 0x80).reshape(*lead, -1)], dim=-1)
+    by = body.reshape(*lead, BLOCK, PANEL // 2)
+    values = torch.cat([by & 0x0F, by >> 4], dim=-1)  # [..., 32, 16]
+    quads = values.reshape(*lead, QUADS, 4, PANEL).transpose(-1, -2)  # [..., 8, 16, 4]
+    nibbles = quads[..., : QUADS // 2, :, :] | (quads[..., QUADS // 2 :, :, :] << 4)  # [..., 4, 16, 4]
+    return torch.cat([head, nibbles.reshape(*lead, -1)], dim=-1)
+
+
+def _from_dot_layout(tiles: torch.Tensor, fmt: int) -> torch.Tensor:
+    """The inverse of to_dot_layout: tiles of fmt + DOT -> tiles of fmt."""
+    head, body = tiles[..., : _header_bytes(fmt)], tiles[..., _header_bytes(fmt) :]
+    lead = tiles.shape[:-1]
+    if fmt in (Q8, Q8S):
+        quads = (body ^ 0x80).reshape(*lead, QUADS, PANEL, 4)
+        return torch.cat([head, quads.transpose(-1, -2).reshape(*lead, -1)], dim=-1)
+    chunks = body.reshape(*lead, QUADS // 2, PANEL, 4)
+    quads = torch.cat([chunks & 0x0F, chunks >> 4], dim=-3)  # [..., 8, 16, 4]
+    values = quads.transpose(-1, -2).reshape(*lead, BLOCK, PANEL)  # [..., 32, 16]
+    packed_nibbles = values[..., : PANEL // 2] | (values[..., PANEL // 2 :] << 4)
+    return torch.cat([head, packed_nibbles.reshape(*lead, -1)], dim=-1)
+
+
+def pack_quantized(weight: QuantizedWeight, int8_activations: bool = False) -> tuple[int, torch.Tensor]:
+    """(format, packed [P, K / 32, tile bytes] uint8) of a quantized [N, K] weight; with
+    ``int8_activations`` in the dot layout (format + DOT), for the int8-activation kernels."""
+    fmt, tiles = _pack(weight)
+    return (fmt + DOT, to_dot_layout(tiles, fmt).contiguous()) if int8_activations else (fmt, tiles)
+
+
+def _pack(weight: QuantizedWeight) -> tuple[int, torch.Tensor]:
     n, k = weight.shape
     panels, blocks = -(-n // PANEL), k // BLOCK
     if weight.qtype == "Q4_K":
@@ -131,6 +177,9 @@ def pack_quantized(weight: QuantizedWeight) -> tuple[int, torch.Tensor]:
 def _tile_parts(tiles: torch.Tensor, fmt: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """tiles [..., nb, tile bytes] -> scale [..., nb, 32, 16] (each k's), m [..., nb, 1, 16] or None,
     quants [..., nb, 32, 16], all float32."""
+    if fmt >= DOT:
+        fmt -= DOT
+        tiles = _from_dot_layout(tiles, fmt)
     lead = tiles.shape[:-1]
     if fmt in (Q4S, Q8S):
         wide = tiles[..., : 2 * WIDE_SCALE_BYTES].contiguous().view(torch.float32)  # [..., nb, 32]

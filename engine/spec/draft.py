@@ -98,6 +98,7 @@ class DraftProposer:
             config.batch_invariant,
             Faults(),
             config.quantize,
+            config.activations,
         )
         self.kv = KVCache(
             draft.config, config.num_kv_blocks, config.block_size, config.torch_dtype, self.device

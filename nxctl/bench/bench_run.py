@@ -90,6 +90,7 @@ class _Context:
         base = {
             "dtype": self.opts.dtype,
             "quantize": self.opts.quantize,
+            "activations": self.opts.activations,
             "threads": self.opts.threads,
             "max_num_seqs": self.opts.max_num_seqs,
         }

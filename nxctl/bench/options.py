@@ -7,7 +7,7 @@ from pathlib import Path
 
 from engine.config import EngineConfig, parse_dtype
 from engine.errors import InvalidRequestError
-from engine.mux.registry import QUANTIZE_MODES
+from engine.mux.registry import ACTIVATION_MODES, DEFAULT_ACTIVATIONS, QUANTIZE_MODES
 from engine.spec.config import DEFAULT_SPECULATIVE_TOKENS
 from engine.workload import WorkloadSpec
 from nxctl.bench.peers.registry import PEER_SCHEDULES
@@ -37,6 +37,7 @@ class BenchOptions:
     concurrency: int | None = None
     peers_dir: Path | None = None  # where `make peers` put the subprocess peers (None: the default)
     quantize: str = "auto"  # EngineConfig.quantize for our schedules
+    activations: str = DEFAULT_ACTIVATIONS  # EngineConfig.activations for our schedules
     dataset: str | None = None  # --workload: a fixed prompt dataset (nxctl/bench/datasets.py); None: random
     speculative: str | None = None  # cb_spec and the single request's speculative run (engine/spec)
     num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
@@ -47,6 +48,10 @@ class BenchOptions:
         if self.quantize not in QUANTIZE_MODES:
             raise InvalidRequestError(
                 f"--quantize must be one of {', '.join(QUANTIZE_MODES)}, got {self.quantize!r}"
+            )
+        if self.activations not in ACTIVATION_MODES:
+            raise InvalidRequestError(
+                f"--activations must be one of {', '.join(ACTIVATION_MODES)}, got {self.activations!r}"
             )
         for peer in self.peers:
             if peer not in PEERS:

@@ -90,7 +90,7 @@ def title(result: BenchResult) -> str:
         concurrency = opts.concurrency or spec.num_requests
         return f"sched bench: {opts.model} served at {opts.url}, {workload}, concurrency {concurrency}"
     backend = cpu_kernels(result)
-    kernel_note = f" ({backend} kernels)" if backend else ""
+    kernel_note = f" ({backend} kernels, {opts.activations} activations)" if backend else ""
     return (
         f"sched bench: {opts.model} {opts.dtype} on {result.device}, {workload}, max {opts.max_num_seqs} "
         f"seqs, {result.threads} threads{kernel_note}, {opts.repeat} repeat(s)"
@@ -153,7 +153,7 @@ def footer(result: BenchResult) -> list[str]:
         lines.append(f"ratio {name}: {_cell(value, 3)}")
     for name, value in data["agreement"].items():
         versus = (
-            f"--quantize {result.options.quantize} vs none"
+            f"--quantize {result.options.quantize} --activations {result.options.activations} vs none"
             if name.startswith("quantized_")
             else f"{result.options.dtype} vs {result.options.compare_dtype}"
         )

@@ -12,6 +12,11 @@ QUANTIZE_HELP = (
     "int8: also quantize float weights to Q8_0."
 )
 
+ACTIVATIONS_HELP = (
+    "What quantized weights multiply on the CPU: float (the float32 inputs; outputs equal the float path's) or "
+    "int8 (inputs quantized per 32 to int8, exact integer dot products: faster, a little off the float path)."
+)
+
 SPECULATIVE_HELP = (
     "Speculative decoding, exact (outputs equal to the plain run's, bit for bit): ngram (prompt lookup) "
     "or draft (a draft model, --draft-model). Off by default."

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from engine.errors import InvalidRequestError, NxError
+from engine.mux.registry import DEFAULT_ACTIVATIONS
 from engine.spec.config import DEFAULT_SPECULATIVE_TOKENS
 from engine.workload import LengthRange, WorkloadSpec, parse_weights
 from nxctl.bench.bench_run import BenchResult, run_bench
@@ -21,7 +22,7 @@ from nxctl.bench.options import SCHEDULES, BenchOptions
 from nxctl.bench.report import footer, table, title
 from nxctl.bench.schedules import Advance
 from nxctl.bench.summary import write_json
-from nxctl.commands.common import DRAFT_MODEL_HELP, QUANTIZE_HELP, SPECULATIVE_HELP, fail
+from nxctl.commands.common import ACTIVATIONS_HELP, DRAFT_MODEL_HELP, QUANTIZE_HELP, SPECULATIVE_HELP, fail
 
 app = typer.Typer(help="The scheduler measured: throughput and latency against simpler schedules and a peer.")
 
@@ -120,6 +121,7 @@ def bench(
         typer.Option("--peers-dir", envvar="NXCTL_PEERS_DIR", help="Where `make peers` installed the peers."),
     ] = None,
     quantize: Annotated[str, typer.Option("--quantize", help=QUANTIZE_HELP)] = "auto",
+    activations: Annotated[str, typer.Option("--activations", help=ACTIVATIONS_HELP)] = DEFAULT_ACTIVATIONS,
     workload: Annotated[
         str,
         typer.Option(
@@ -165,6 +167,7 @@ def bench(
             concurrency=concurrency,
             peers_dir=peers_dir,
             quantize=quantize,
+            activations=activations,
             dataset=None if workload == "random" else workload,
             speculative=speculative,
             num_speculative_tokens=num_speculative_tokens,

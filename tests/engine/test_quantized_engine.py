@@ -77,6 +77,26 @@ def test_quantize_mode_is_checked():
         EngineConfig(quantize="int4")
 
 
+def test_activations_mode_is_checked():
+    with pytest.raises(InvalidRequestError, match="activations"):
+        EngineConfig(activations="fp8")
+
+
+def test_int8_activations_keep_batch_invariance_and_really_quantize_the_inputs(tiny_loaded: LoadedModel):
+    """activations="int8": each row's inputs quantized per 32 (csrc/qdot.h). A request's tokens and
+    logprob bits are its solo run's in a batch; they are not the float activations' bits."""
+    prompts = _prompts(tiny_loaded.config.vocab_size, 4, (1, 9, 40, 77))
+    ints = Engine(tiny_loaded, EngineConfig(quantize="int8", activations="int8", num_kv_blocks=64))
+    floats = Engine(tiny_loaded, EngineConfig(quantize="int8", activations="float", num_kv_blocks=64))
+    formats = {lw.format for lw in ints._model.linears.values() if lw.quantized}
+    assert formats and min(formats) >= 4  # every quantized linear in a dot layout
+    ours = _run(ints, prompts, together=True)
+    assert ours == _run(ints, prompts, together=False)
+    assert [logprobs for _, logprobs in ours] != [
+        logprobs for _, logprobs in _run(floats, prompts, together=True)
+    ]
+
+
 def test_int8_leaves_widths_it_cannot_block_as_float(tiny_loaded: LoadedModel):
     """K not a multiple of 32 cannot be Q8_0: such a weight stays float (and the model still runs)."""
     config = dataclasses.replace(tiny_loaded.config, intermediate_size=120)
@@ -101,7 +121,7 @@ def test_the_shipped_gguf_stays_quantized_and_matches_its_dequantized_run(smollm
     embedding = weights["model.embed_tokens.weight"]
     assert isinstance(embedding, QuantizedWeight) and embedding.qtype == "Q8_0"
     file_bytes = smollm2_loaded.source.path.stat().st_size
-    quantized = Engine(smollm2_loaded, EngineConfig(num_kv_blocks=64))
+    quantized = Engine(smollm2_loaded, EngineConfig(activations="float", num_kv_blocks=64))
     assert quantized.snapshot().weight_bytes < 1.25 * file_bytes
     assert quantized.snapshot().weight_bytes == held_weight_bytes(smollm2_loaded.config, "float32")
     prompts = _prompts(smollm2_loaded.config.vocab_size, 3, (3, 30))

@@ -78,7 +78,105 @@ struct Avx2Vec {
   }
 };
 
-KernelTable avx2_table() { return make_table<Avx2Vec>("avx2"); }
+// ---- int8 activations (qdot.h): 8 columns per vector, 4-byte dot products as pairs of 16-bit ones ----
+
+// acc + the dot products of 8 columns' weight quads w with one row's quad x4 (broadcast). Exact: a
+// 16-bit pair sum is at most 2 * 128 * 127 (Q8: |q| times x with q's sign; Q4: 15 * 127), no saturation.
+template <int F>
+inline __m256i quad_dot(__m256i acc, __m256i w, __m256i x4) {
+  __m256i pairs;
+  if constexpr (F == kQ8 || F == kQ8S) {
+    const __m256i q = _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));  // the signed quants
+    pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(x4, q));
+  } else {
+    pairs = _mm256_maddubs_epi16(w, x4);
+  }
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+// 8 columns' (half h of the panel) weight quad j of one tile's quants, as unsigned bytes
+template <int F>
+inline __m256i quad_of(const uint8_t* quants, int64_t j, int h) {
+  if constexpr (F == kQ8 || F == kQ8S) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + j * kQuadRowBytes + h * 32));
+  } else {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + (j % 4) * kQuadRowBytes + h * 32));
+    return _mm256_and_si256(j < 4 ? raw : _mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
+  }
+}
+
+// half h's 8 scales (Q4, Q4S: which = 1 gives the mins; Q8S: the second half block's scales)
+template <int F>
+inline __m256 scales_of(const uint8_t* tile, int which, int h) {
+  if constexpr (F == kQ4S || F == kQ8S) return _mm256_loadu_ps(reinterpret_cast<const float*>(tile) + which * kPanel + h * 8);
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tile + which * kScaleBytes + h * 16)));
+}
+
+// R rows (from row m) x one panel of 16 columns over all of K, stored to y
+template <int F, int R>
+void dot_tile(const QActs& a, int64_t K, const uint8_t* panel, int64_t m, float* y, int64_t N, int64_t cols) {
+  constexpr int64_t TB = tile_bytes(F);
+  const int64_t nb = K / kQBlock;
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* tile = panel + b * TB;
+    const uint8_t* quants = tile + scale_bytes(F);
+    const int32_t* xw[R];
+    for (int r = 0; r < R; ++r) xw[r] = reinterpret_cast<const int32_t*>(a.q + (m + r) * K + b * kQBlock);
+    constexpr int passes = F == kQ8S ? 2 : 1;  // Q8S: one scale per half block
+    for (int pass = 0; pass < passes; ++pass) {
+      __m256i is[R][2];
+      for (int r = 0; r < R; ++r) is[r][0] = is[r][1] = _mm256_setzero_si256();
+      for (int64_t j = pass * kQuads / passes; j < (pass + 1) * kQuads / passes; ++j) {
+        const __m256i w0 = quad_of<F>(quants, j, 0), w1 = quad_of<F>(quants, j, 1);
+        for (int r = 0; r < R; ++r) {
+          const __m256i x4 = _mm256_set1_epi32(xw[r][j]);
+          is[r][0] = quad_dot<F>(is[r][0], w0, x4);
+          is[r][1] = quad_dot<F>(is[r][1], w1, x4);
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        const float dx = a.d[(m + r) * nb + b];
+        const int32_t* s = a.s + ((m + r) * nb + b) * 2;
+        for (int h = 0; h < 2; ++h) {
+          const __m256 scale = _mm256_mul_ps(scales_of<F>(tile, pass, h), _mm256_set1_ps(dx));
+          acc[r][h] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(is[r][h]), acc[r][h]);
+          if constexpr (F == kQ4 || F == kQ4S)
+            acc[r][h] = _mm256_fmadd_ps(scales_of<F>(tile, 1, h), _mm256_set1_ps(dx * static_cast<float>(s[0] + s[1])),
+                                        acc[r][h]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) store_columns<Avx2Vec>(y + (m + r) * N, acc[r][0], acc[r][1], cols);
+}
+
+template <int F>
+void qdot_panels_avx2(const QActs& a, int64_t M, int64_t K, const uint8_t* packed, int64_t N, float* y,
+                      int64_t panel_begin, int64_t panel_end) {
+  const int64_t panel_bytes = K / kQBlock * tile_bytes(F);
+  for (int64_t p = panel_begin; p < panel_end; ++p) {
+    const uint8_t* panel = packed + p * panel_bytes;
+    const int64_t cols = std::min(kPanel, N - p * kPanel);
+    for (int64_t m = 0; m < M; m += 3) {
+      switch (std::min<int64_t>(3, M - m)) {
+        case 3: dot_tile<F, 3>(a, K, panel, m, y + p * kPanel, N, cols); break;
+        case 2: dot_tile<F, 2>(a, K, panel, m, y + p * kPanel, N, cols); break;
+        default: dot_tile<F, 1>(a, K, panel, m, y + p * kPanel, N, cols); break;
+      }
+    }
+  }
+}
+
+KernelTable avx2_table() {
+  KernelTable t = make_table<Avx2Vec>("avx2");
+  t.qdot_q8 = &qdot_panels_avx2<kQ8>;
+  t.qdot_q4 = &qdot_panels_avx2<kQ4>;
+  t.qdot_q4s = &qdot_panels_avx2<kQ4S>;
+  t.qdot_q8s = &qdot_panels_avx2<kQ8S>;
+  return t;
+}
 
 }  // namespace nxk
 #else

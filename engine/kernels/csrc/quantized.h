@@ -31,11 +31,13 @@ enum QFormat : int { kQ8 = 0, kQ4 = 1, kQ4S = 2, kQ8S = 3 };
 constexpr int64_t kScaleBytes = kPanel * 2;  // 16 float16 scales (or mins)
 constexpr int64_t kWideScaleBytes = kPanel * 4;  // 16 float32 scales (or mins)
 
-constexpr int64_t tile_bytes(int format) {
-  return format == kQ8    ? kScaleBytes + kQBlock * kPanel
-         : format == kQ4  ? 2 * kScaleBytes + kQBlock * kPanel / 2
-         : format == kQ4S ? 2 * kWideScaleBytes + kQBlock * kPanel / 2
-                          : 2 * kWideScaleBytes + kQBlock * kPanel;
+// (format + 4, the same tile in qdot.h's dot layout, has the same size)
+constexpr int64_t tile_bytes(int64_t format) {
+  const int64_t f = format % 4;
+  return f == kQ8    ? kScaleBytes + kQBlock * kPanel
+         : f == kQ4  ? 2 * kScaleBytes + kQBlock * kPanel / 2
+         : f == kQ4S ? 2 * kWideScaleBytes + kQBlock * kPanel / 2
+                     : 2 * kWideScaleBytes + kQBlock * kPanel;
 }
 
 // One tile's scales in registers; ``at(kk)`` gives row kk's 16 weights as two vectors.

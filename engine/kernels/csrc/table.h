@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "kernels.h"
+#include "qdot.h"
 #include "quantized.h"
 
 namespace nxk {
@@ -24,6 +25,9 @@ struct KernelTable {
   void (*qlinear_q4)(const float*, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
   void (*qlinear_q4s)(const float*, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
   void (*qlinear_q8s)(const float*, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
+  // int8 activations over the dot layouts (qdot.h), one entry per base format
+  using QDot = void (*)(const QActs&, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
+  QDot qdot_q8, qdot_q4, qdot_q4s, qdot_q8s;
 };
 
 // The table instantiated over vector struct O.
@@ -44,11 +48,16 @@ KernelTable make_table(const char* name) {
       &qlinear_panels<O, kQ4>,
       &qlinear_panels<O, kQ4S>,
       &qlinear_panels<O, kQ8S>,
+      &qdot_panels<O, kQ8>,
+      &qdot_panels<O, kQ4>,
+      &qdot_panels<O, kQ4S>,
+      &qdot_panels<O, kQ8S>,
   };
 }
 
 KernelTable generic_table();
 KernelTable avx2_table();
 KernelTable avx512_table();  // avx2_table with 16-lane linears (isa_avx512.cpp)
+void use_vnni_dots(KernelTable& t);  // the int8-activation entries for AVX512-VNNI CPUs (isa_avx512_vnni.cpp)
 
 }  // namespace nxk

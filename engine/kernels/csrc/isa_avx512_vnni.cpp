@@ -1,0 +1,149 @@
+// The int8-activation linears (qdot.h) for CPUs with AVX512-VNNI: one vpdpbusd adds 16 columns'
+// 4-byte dot products (unsigned weight bytes x signed activation bytes) to 16 exact int32 sums.
+// Q8 weights are stored as q + 128 (unsigned), so the sum is corrected by 128 * sum(qx), exactly.
+// The float combine per block is qdot.h's, lane by lane: the same bits as the AVX2 and generic
+// entries. isa_avx512.cpp installs these only when the CPU has AVX512-VNNI and AVX512-BW.
+#if defined(__x86_64__) || defined(_M_X64)
+#include <algorithm>
+#include <cstdint>
+
+#include "vec.h"
+
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
+#include <immintrin.h>
+
+#include "table.h"
+
+namespace nxk {
+namespace {
+
+constexpr int64_t kDotRows = 4;  // rows per register tile with two panels (16 sums + 8 accumulators)
+constexpr int64_t kDotRowBlock = 16;  // rows whose int8 inputs stay in L1 while a block's panels go by
+
+// panel p's 16 scales (Q4, Q4S: which = 1 gives the mins; Q8S: the second half block's scales)
+template <int F>
+inline __m512 scales_of(const uint8_t* tile, int which) {
+  if constexpr (F == kQ4S || F == kQ8S) return _mm512_loadu_ps(reinterpret_cast<const float*>(tile) + which * kPanel);
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + which * kScaleBytes)));
+}
+
+// 16 columns' weight quad j of one tile's quants, as unsigned bytes
+template <int F>
+inline __m512i quad_of(const uint8_t* quants, int64_t j) {
+  if constexpr (F == kQ8 || F == kQ8S) return _mm512_loadu_si512(quants + j * kQuadRowBytes);
+  const __m512i raw = _mm512_loadu_si512(quants + (j % 4) * kQuadRowBytes);
+  return _mm512_and_si512(j < 4 ? raw : _mm512_srli_epi16(raw, 4), _mm512_set1_epi8(0x0F));
+}
+
+// R rows (from row m) x P panels over all of K, stored to y (columns from col)
+template <int F, int R, int P>
+void dot_tile(const QActs& a, int64_t K, const uint8_t* panel, int64_t panel_bytes, int64_t m, float* y, int64_t N,
+              int64_t col) {
+  constexpr int64_t TB = tile_bytes(F);
+  constexpr int passes = F == kQ8S ? 2 : 1;  // Q8S: one scale per half block
+  const int64_t nb = K / kQBlock;
+  __m512 acc[R][P];
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* tile[P];
+    for (int p = 0; p < P; ++p) {
+      tile[p] = panel + p * panel_bytes + b * TB;
+      for (int64_t line = 0; line < TB; line += 64) __builtin_prefetch(tile[p] + 4 * TB + line);
+    }
+    const int32_t* xw[R];
+    for (int r = 0; r < R; ++r) xw[r] = reinterpret_cast<const int32_t*>(a.q + (m + r) * K + b * kQBlock);
+    for (int pass = 0; pass < passes; ++pass) {
+      __m512i is[R][P];
+      for (int r = 0; r < R; ++r)
+        for (int p = 0; p < P; ++p) is[r][p] = _mm512_setzero_si512();
+      for (int64_t j = pass * kQuads / passes; j < (pass + 1) * kQuads / passes; ++j) {
+        __m512i w[P];
+        for (int p = 0; p < P; ++p) w[p] = quad_of<F>(tile[p] + scale_bytes(F), j);
+        for (int r = 0; r < R; ++r) {
+          const __m512i x4 = _mm512_set1_epi32(xw[r][j]);
+          for (int p = 0; p < P; ++p) is[r][p] = _mm512_dpbusd_epi32(is[r][p], w[p], x4);
+        }
+      }
+      __m512 d[P], mins[P];  // the block's scales (and mins), once for all the rows
+      for (int p = 0; p < P; ++p) {
+        d[p] = scales_of<F>(tile[p], pass);
+        if constexpr (F == kQ4 || F == kQ4S) mins[p] = scales_of<F>(tile[p], 1);
+      }
+      for (int r = 0; r < R; ++r) {
+        const float dx = a.d[(m + r) * nb + b];
+        const int32_t* s = a.s + ((m + r) * nb + b) * 2;
+        const int32_t xsum = passes == 2 ? s[pass] : s[0] + s[1];
+        const __m512 dxv = _mm512_set1_ps(dx);
+        const __m512 cx = _mm512_set1_ps(dx * static_cast<float>(xsum));
+        for (int p = 0; p < P; ++p) {
+          __m512i exact = is[r][p];
+          if constexpr (F == kQ8 || F == kQ8S) exact = _mm512_sub_epi32(exact, _mm512_set1_epi32(128 * xsum));
+          acc[r][p] = _mm512_fmadd_ps(_mm512_mul_ps(d[p], dxv), _mm512_cvtepi32_ps(exact), acc[r][p]);
+          if constexpr (F == kQ4 || F == kQ4S) acc[r][p] = _mm512_fmadd_ps(mins[p], cx, acc[r][p]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) {
+      const int64_t c = col + p * kPanel;
+      const int64_t cols = std::min(kPanel, N - c);
+      _mm512_mask_storeu_ps(y + (m + r) * N + c, static_cast<__mmask16>((1u << cols) - 1), acc[r][p]);
+    }
+}
+
+template <int F, int P>
+void dot_rows(int64_t rows, const QActs& a, int64_t K, const uint8_t* panel, int64_t panel_bytes, int64_t m, float* y,
+              int64_t N, int64_t col) {
+  switch (rows) {
+    case 4: dot_tile<F, 4, P>(a, K, panel, panel_bytes, m, y, N, col); break;
+    case 3: dot_tile<F, 3, P>(a, K, panel, panel_bytes, m, y, N, col); break;
+    case 2: dot_tile<F, 2, P>(a, K, panel, panel_bytes, m, y, N, col); break;
+    default: dot_tile<F, 1, P>(a, K, panel, panel_bytes, m, y, N, col); break;
+  }
+}
+
+// Column panels [panel_begin, panel_end): rows by blocks of 16 (their int8 inputs stay in L1), panels
+// four side by side for up to 2 rows, else two, each group of panels met by the block's row tiles in turn.
+template <int F>
+void qdot_panels_vnni(const QActs& a, int64_t M, int64_t K, const uint8_t* packed, int64_t N, float* y,
+                      int64_t panel_begin, int64_t panel_end) {
+  const int64_t panel_bytes = K / kQBlock * tile_bytes(F);
+  for (int64_t m0 = 0; m0 < M; m0 += kDotRowBlock) {
+    const int64_t m1 = std::min(M, m0 + kDotRowBlock);
+    for (int64_t p = panel_begin; p < panel_end;) {
+      const int64_t left = panel_end - p;
+      const int64_t P = M <= 2 && left >= 4 ? 4 : std::min<int64_t>(2, left);
+      const uint8_t* panel = packed + p * panel_bytes;
+      for (int64_t m = m0; m < m1; m += kDotRows) {
+        const int64_t rows = std::min(kDotRows, m1 - m);
+        if (P == 4) {
+          dot_rows<F, 4>(rows, a, K, panel, panel_bytes, m, y, N, p * kPanel);
+        } else if (P == 2) {
+          dot_rows<F, 2>(rows, a, K, panel, panel_bytes, m, y, N, p * kPanel);
+        } else {
+          dot_rows<F, 1>(rows, a, K, panel, panel_bytes, m, y, N, p * kPanel);
+        }
+      }
+      p += P;
+    }
+  }
+}
+
+}  // namespace
+
+void use_vnni_dots(KernelTable& t) {
+  t.qdot_q8 = &qdot_panels_vnni<kQ8>;
+  t.qdot_q4 = &qdot_panels_vnni<kQ4>;
+  t.qdot_q4s = &qdot_panels_vnni<kQ4S>;
+  t.qdot_q8s = &qdot_panels_vnni<kQ8S>;
+}
+
+}  // namespace nxk
+#else
+#include "table.h"
+namespace nxk {
+void use_vnni_dots(KernelTable&) {}
+}  // namespace nxk
+#endif

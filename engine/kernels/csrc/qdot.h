@@ -1,0 +1,132 @@
+// Quantized linears with int8 activations (llama.cpp's route): each row's inputs are quantized per
+// block of 32 k to int8 with one float scale, every block's dot product with a weight block is an
+// exact integer sum, and a fixed float combine per block adds it to the output:
+//
+//   per row m, block b:  dx = max|x| / 127,  qx[k] = round_even(x[k] * (1 / dx)) in [-127, 127]
+//                        s  = sum of qx over each half block (16 k)   (exact integers)
+//   per output (m, n), blocks b = 0, 1, ... in order, acc from 0:
+//     Q8, Q8S halves   acc = fma(d * dx, float(sum_k q * qx), acc)          (one fma per scale)
+//     Q4, Q4S          acc = fma(d * dx, float(sum_k q * qx), acc);  acc = fma(m, dx * float(s), acc)
+//
+// The integer sums are exact however an instruction set forms them (VNNI, pairs of 16-bit products,
+// scalar loops), the row's quantization reads the row alone, and the float operations per output are
+// the ones above in that order: so every backend gives the same bits, and a row's output depends on
+// the row alone (batch invariance by construction). The values differ from the float32 linear's (the
+// activations are rounded to 8 bits); the bench measures how often the top token still agrees.
+//
+// The "dot" layouts are the quantized.h tiles with the quants regrouped for 4-byte dot products
+// (scales unchanged, same bytes): k in quads of 4, quad j of column c at byte (j * 16 + c) * 4.
+//   Q8D, Q8SD  8 quads x 16 columns x 4 bytes, each byte q ^ 0x80 (q + 128 as an unsigned byte)
+//   Q4D, Q4SD  4 chunks x 16 columns x 4 bytes: quad j in the low nibbles of chunk j, quad j + 4 in
+//              the high nibbles (0..15, unsigned)
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "quantized.h"
+
+namespace nxk {
+
+constexpr int kDotFormats = 4;  // format f + kDotFormats is format f in the dot layout
+enum QDotFormat : int { kQ8D = kQ8 + kDotFormats, kQ4D, kQ4SD, kQ8SD };
+constexpr int64_t kQuads = kQBlock / 4;                 // 4-byte groups of k per block
+constexpr int64_t kQuadRowBytes = kPanel * 4;          // one quad of 16 columns (64 bytes)
+
+constexpr bool is_dot_format(int64_t format) { return format >= kQ8D && format <= kQ8SD; }
+constexpr int base_format(int64_t format) { return static_cast<int>(format % kDotFormats); }
+constexpr int64_t scale_bytes(int format) {  // the tile's header before its quants
+  return format == kQ8 ? kScaleBytes : format == kQ4 ? 2 * kScaleBytes : 2 * kWideScaleBytes;
+}
+
+// A step's rows quantized (see the top of this file): q [M, K] int8, d [M, K / 32], s [M, K / 16].
+struct QActs {
+  const int8_t* q;
+  const float* d;
+  const int32_t* s;
+};
+
+constexpr float kRoundMagic = 12582912.0f;  // 1.5 * 2^23: (v + magic) - magic is v rounded to nearest, ties even
+
+// Rows [row_begin, row_end) of x [M, K] quantized into a's buffers (K a multiple of 32). Scalar and
+// static: one copy per translation unit, the same IEEE operations wherever it is compiled (|v| <= 128
+// here, so the magic-number rounding is exact round-to-nearest-even).
+static inline void quantize_rows(const float* x, int64_t K, int8_t* q, float* d, int32_t* s, int64_t row_begin,
+                                 int64_t row_end) {
+  const int64_t nb = K / kQBlock;
+  for (int64_t m = row_begin; m < row_end; ++m)
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + m * K + b * kQBlock;
+      float amax = 0.0f;
+      for (int64_t i = 0; i < kQBlock; ++i) amax = std::max(amax, std::fabs(xb[i]));
+      const float scale = amax / 127.0f;
+      const float inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
+      int8_t* qb = q + m * K + b * kQBlock;
+      int32_t half[2] = {0, 0};
+      for (int64_t i = 0; i < kQBlock; ++i) {
+        const float v = std::min(127.0f, std::max(-127.0f, xb[i] * inverse));  // NaN -> -127 (scale is NaN too)
+        const int r = static_cast<int>((v + kRoundMagic) - kRoundMagic);
+        qb[i] = static_cast<int8_t>(r);
+        half[i / (kQBlock / 2)] += r;
+      }
+      d[m * nb + b] = scale;
+      s[(m * nb + b) * 2] = half[0];
+      s[(m * nb + b) * 2 + 1] = half[1];
+    }
+}
+
+// Column panels [panel_begin, panel_end) of y = x @ W^T, x given quantized, W in dot layout F + 4.
+// The portable reference: one output at a time, scalar integer sums. (Templated on the table's vector
+// struct only so that each instruction set's file keeps its own copy.)
+template <class O, int F>
+void qdot_panels(const QActs& a, int64_t M, int64_t K, const uint8_t* packed, int64_t N, float* y,
+                 int64_t panel_begin, int64_t panel_end) {
+  const int64_t nb = K / kQBlock, tb = tile_bytes(F), panel_bytes = nb * tb;
+  for (int64_t p = panel_begin; p < panel_end; ++p) {
+    const int64_t cols = std::min(kPanel, N - p * kPanel);
+    for (int64_t m = 0; m < M; ++m) {
+      float acc[kPanel] = {};
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* tile = packed + p * panel_bytes + b * tb;
+        const uint8_t* quants = tile + scale_bytes(F);
+        const int8_t* xq = a.q + m * K + b * kQBlock;
+        const float dx = a.d[m * nb + b];
+        const int32_t* s = a.s + (m * nb + b) * 2;
+        for (int64_t c = 0; c < cols; ++c) {
+          int32_t half[2] = {0, 0};
+          for (int64_t j = 0; j < kQuads; ++j)
+            for (int64_t i = 0; i < 4; ++i) {
+              int32_t w;
+              if constexpr (F == kQ8 || F == kQ8S) {
+                w = static_cast<int8_t>(quants[(j * kPanel + c) * 4 + i] ^ 0x80);
+              } else {
+                const uint8_t byte = quants[((j % 4) * kPanel + c) * 4 + i];
+                w = j < 4 ? byte & 0x0F : byte >> 4;
+              }
+              half[j / (kQuads / 2)] += w * xq[j * 4 + i];
+            }
+          float d0, d1;  // Q4, Q4S: d and m; Q8S: the two halves' scales
+          if constexpr (F == kQ4S || F == kQ8S) {
+            d0 = reinterpret_cast<const float*>(tile)[c];
+            d1 = reinterpret_cast<const float*>(tile)[kPanel + c];
+          } else {
+            d0 = f16_to_float(reinterpret_cast<const uint16_t*>(tile)[c]);
+            d1 = F == kQ4 ? f16_to_float(reinterpret_cast<const uint16_t*>(tile)[kPanel + c]) : 0.0f;
+          }
+          if constexpr (F == kQ8S) {
+            acc[c] = std::fma(d0 * dx, static_cast<float>(half[0]), acc[c]);
+            acc[c] = std::fma(d1 * dx, static_cast<float>(half[1]), acc[c]);
+          } else {
+            acc[c] = std::fma(d0 * dx, static_cast<float>(half[0] + half[1]), acc[c]);
+            if constexpr (F == kQ4 || F == kQ4S) acc[c] = std::fma(d1, dx * static_cast<float>(s[0] + s[1]), acc[c]);
+          }
+        }
+      }
+      std::copy(acc, acc + cols, y + m * N + p * kPanel);
+    }
+  }
+}
+
+}  // namespace nxk
