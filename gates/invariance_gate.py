@@ -31,8 +31,10 @@ import torch
 
 from engine import kernels, testing
 from engine.config import EngineConfig
+from engine.kernels.quant_pack import pack_quantized
 from engine.llm_engine import LLM
 from engine.loader import load_config
+from engine.quantized import quantize_q8_0
 from engine.workload import LengthRange, WorkloadRequest, WorkloadSpec, make_workload
 from gates.framework import Gate, GateRun
 from gates.runs import any_differ, differing, digest, run_schedule, run_solos
@@ -159,6 +161,7 @@ def _kernel_rows(run: GateRun, seed: int) -> None:
         if not torch.equal(kernels.silu_mul(gate_up[i : i + 1]), kernels.silu_mul(gate_up)[i : i + 1]):
             differing.append(f"silu_mul {dtype} row {i}")
         differing += _attention_rows(rng, gen, dtype)
+    differing += _quantized_rows(rng, gen)
     logits = torch.randn(rng.randint(2, 16), 49152, generator=gen) * 10
     if not torch.equal(kernels.softmax(logits[1], log=True), kernels.softmax(logits, log=True)[1]):
         differing.append("log_softmax row 1")
@@ -167,9 +170,28 @@ def _kernel_rows(run: GateRun, seed: int) -> None:
         not differing,
         "every row alone == the same row among others",
         f"{len(differing)} differ" + (f": {differing[:4]}" if differing else ""),
-        f"seed {seed}; linears {SMOLLM2_SHAPES} and 512-row chunks, attention with decodes beside a "
+        f"seed {seed}; linears {SMOLLM2_SHAPES} and 512-row chunks (float, and Q8_0 with float and int8 "
+        "activations), attention with decodes beside a "
         f"prefill chunk, rms_norm, silu_mul, log_softmax; float32 and bfloat16; kernels {kernels.backend().name}",
     )
+
+
+def _quantized_rows(rng: random.Random, gen: torch.Generator) -> list[str]:
+    """Quantized linears (Q8_0) on the real shapes, float and int8 activations: a row alone == among others."""
+    differing: list[str] = []
+    for n, k in SMOLLM2_SHAPES:
+        weight = quantize_q8_0(torch.randn(n, k, generator=gen))
+        rows = rng.choice([rng.randint(2, 64), 512])
+        x = torch.randn(rows, k, generator=gen) * rng.choice([0.1, 1.0, 30.0])
+        for int8 in (False, True):
+            fmt, packed = pack_quantized(weight, int8_activations=int8)
+            full = kernels.qlinear(x, packed, fmt, n)
+            for i in rng.sample(range(rows), 2):
+                if not torch.equal(kernels.qlinear(x[i : i + 1], packed, fmt, n), full[i : i + 1]):
+                    differing.append(
+                        f"qlinear Q8_0 {'int8' if int8 else 'float'} activations {n}x{k} row {i}/{rows}"
+                    )
+    return differing
 
 
 def _attention_rows(rng: random.Random, gen: torch.Generator, dtype: torch.dtype) -> list[str]:

@@ -56,6 +56,7 @@ _INHERITED = (
     "decode_tok_s",
     "dtype",
     "quantize",
+    "activations",
     "block_size",
     "num_kv_blocks",
     "activation_mb",
@@ -86,6 +87,7 @@ class ModelSpec:
     decode_tok_s: float = DEFAULT_DECODE_TOK_S
     dtype: str = DEFAULT_DTYPE
     quantize: str = "auto"
+    activations: str = DEFAULT_ACTIVATIONS
     block_size: int = DEFAULT_BLOCK_SIZE
     num_kv_blocks: int = DEFAULT_NUM_KV_BLOCKS
     activation_bytes: int = int(DEFAULT_ACTIVATION_MB * MB)
@@ -104,6 +106,10 @@ class ModelSpec:
         if self.quantize not in QUANTIZE_MODES:
             raise RegistryError(
                 f"model {self.name!r}: quantize {self.quantize!r} is not one of {', '.join(QUANTIZE_MODES)}"
+            )
+        if self.activations not in ACTIVATION_MODES:
+            raise RegistryError(
+                f"model {self.name!r}: activations {self.activations!r} is not one of {', '.join(ACTIVATION_MODES)}"
             )
         for key in ("prefill_tok_s", "decode_tok_s"):
             value = getattr(self, key)
@@ -237,6 +243,7 @@ def _parse_model(
             decode_tok_s=float(_typed(merged, "decode_tok_s", (int, float), DEFAULT_DECODE_TOK_S, where)),
             dtype=_typed(merged, "dtype", str, DEFAULT_DTYPE, where),
             quantize=_typed(merged, "quantize", str, "auto", where),
+            activations=_typed(merged, "activations", str, DEFAULT_ACTIVATIONS, where),
             block_size=_typed(merged, "block_size", int, DEFAULT_BLOCK_SIZE, where),
             num_kv_blocks=_typed(merged, "num_kv_blocks", int, DEFAULT_NUM_KV_BLOCKS, where),
             activation_bytes=int(

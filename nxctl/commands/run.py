@@ -14,11 +14,12 @@ import typer
 from engine.drive import Arrival, drive
 from engine.errors import NxError
 from engine.llm_engine import LLM
+from engine.mux.registry import DEFAULT_ACTIVATIONS
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.spec.config import DEFAULT_SPECULATIVE_TOKENS
 from engine.structured import Grammar
-from nxctl.commands.common import DRAFT_MODEL_HELP, QUANTIZE_HELP, SPECULATIVE_HELP, fail
+from nxctl.commands.common import ACTIVATIONS_HELP, DRAFT_MODEL_HELP, QUANTIZE_HELP, SPECULATIVE_HELP, fail
 
 
 def stream_turn(
@@ -82,6 +83,7 @@ def run(
     seed: Annotated[int | None, typer.Option(help="Seed of this request's random stream.")] = None,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
     quantize: Annotated[str, typer.Option("--quantize", help=QUANTIZE_HELP)] = "auto",
+    activations: Annotated[str, typer.Option("--activations", help=ACTIVATIONS_HELP)] = DEFAULT_ACTIVATIONS,
     json_schema: Annotated[
         Path | None,
         typer.Option("--json-schema", help="A JSON Schema file the answer must validate against."),
@@ -121,6 +123,7 @@ def run(
             model,
             dtype=dtype,
             quantize=quantize,
+            activations=activations,
             speculative=speculative,
             num_speculative_tokens=num_speculative_tokens,
             draft_model=draft_model,

@@ -58,7 +58,12 @@ def build_seat(
     ``tracer_provider`` turns tracing on (None: off)."""
     metrics = SeatMetrics()
     registry = seat_registry(
-        settings.models, settings.registry, settings.dtype, settings.num_kv_blocks, settings.quantize
+        settings.models,
+        settings.registry,
+        settings.dtype,
+        settings.num_kv_blocks,
+        settings.quantize,
+        settings.activations,
     )
     budget = None if settings.budget_mb is None else int(settings.budget_mb * MB)
     host = ModelHost(

@@ -10,7 +10,7 @@ from typing import Any
 from engine.errors import InvalidRequestError
 from engine.loader import resolve_model
 from engine.mux.footprint import footprint_of_spec
-from engine.mux.registry import ModelSpec, Registry, load_registry
+from engine.mux.registry import DEFAULT_ACTIVATIONS, ModelSpec, Registry, load_registry
 from engine.spec.footprint import footprint_with_draft
 from nxctl.server.bridge import CoreLease, EngineLoop, LoopStats
 from nxctl.server.host import SeatModel
@@ -24,6 +24,7 @@ def seat_registry(
     dtype: str = "float32",
     num_kv_blocks: int = 1024,
     quantize: str = "auto",
+    activations: str = DEFAULT_ACTIVATIONS,
 ) -> Registry:
     """The registry file when given (``models`` must be in it), else one entry per ``--model`` (a named
     model, a model folder or a .gguf file), named as the loader names it (``tiny``, a folder's name)."""
@@ -39,7 +40,13 @@ def seat_registry(
             raise InvalidRequestError(f"two models would both be served as '{name}'")
         specs.append(
             ModelSpec(
-                id=index, name=name, source=model, dtype=dtype, quantize=quantize, num_kv_blocks=num_kv_blocks
+                id=index,
+                name=name,
+                source=model,
+                dtype=dtype,
+                quantize=quantize,
+                activations=activations,
+                num_kv_blocks=num_kv_blocks,
             )
         )
     return Registry(tuple(specs), origin="--model")
@@ -70,6 +77,7 @@ def make_loader(
             spec.source,
             dtype=spec.dtype,
             quantize=spec.quantize,
+            activations=spec.activations,
             device=device,
             num_kv_blocks=spec.num_kv_blocks,
             block_size=spec.block_size,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.config import QUANTIZE_MODES
+from engine.config import ACTIVATION_MODES, DEFAULT_ACTIVATIONS, QUANTIZE_MODES
 from engine.errors import InvalidRequestError
 from engine.spec.config import DEFAULT_SPECULATIVE_TOKENS, SpecConfig
 from nxctl.server.faults import SEAT_FAULTS
@@ -66,6 +66,7 @@ class SeatSettings:
     device: str = "auto"
     dtype: str = "float32"
     quantize: str = "auto"
+    activations: str = DEFAULT_ACTIVATIONS
     num_kv_blocks: int = 1024
     max_queue: int = 256
     dlq_path: Path | None = None  # None: default_dlq_path()
@@ -105,6 +106,7 @@ class SeatSettings:
             "num_kv_blocks": self.num_kv_blocks >= 1,
             "budget_mb": self.budget_mb is None or self.budget_mb > 0,
             "quantize": self.quantize in QUANTIZE_MODES,
+            "activations": self.activations in ACTIVATION_MODES,
             "faults": all(f in SEAT_FAULTS for f in self.faults),
             "cors_origins": all(o == "*" or o.startswith(("http://", "https://")) for o in self.cors_origins),
         }

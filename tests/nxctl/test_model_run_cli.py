@@ -40,6 +40,7 @@ def test_model_info_tiny() -> None:
         (["run", "tiny", "hi", "--top-p", "0"], "top_p"),
         (["run", "tiny", "hi", "--top-p", "1.5"], "top_p"),
         (["run", "tiny", "hi", "--top-k", "-2"], "top_k"),
+        (["run", "tiny", "hi", "--activations", "fp8"], "unsupported activations 'fp8'"),
         (["run", "tiny", "word " * 1100], "context"),
         (["run", "tiny", "hi", "--regex", "[a-"], "invalid regex grammar"),
         (["run", "tiny", "hi", "--regex", "a", "--json"], "at most one"),

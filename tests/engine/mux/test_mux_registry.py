@@ -71,6 +71,7 @@ def test_parse_defaults_pinned_and_engine_settings(tmp_path: Path) -> None:
         [defaults]
         decode_tok_s = 10
         dtype = "bfloat16"
+        activations = "int8"
         [[model]]
         id = 3
         name = "a"
@@ -82,12 +83,14 @@ def test_parse_defaults_pinned_and_engine_settings(tmp_path: Path) -> None:
         source = "tiny"
         num_kv_blocks = 32
         activation_mb = 0
+        activations = "float"
         """,
     )
     registry = load_registry(path)
     a, b = registry.get(3), registry.get(9)
     assert a.size_bytes == int(1.5 * MB) and a.pinned and a.decode_tok_s == 10.0 and a.dtype == "bfloat16"
     assert b.source == "tiny" and b.num_kv_blocks == 32 and b.activation_bytes == 0 and not b.pinned
+    assert (a.activations, b.activations) == ("int8", "float")  # inherited, then overridden
     assert registry.pinned() == frozenset({3})
 
 
@@ -120,6 +123,10 @@ def test_relative_source_is_taken_beside_the_registry(tmp_path: Path) -> None:
         ('[[model]]\nid = 0\nname = "a"\nsize_mb = 5\npinned = "yes"', "pinned has the wrong type"),
         ('[[model]]\nid = 0\nname = "a"\nsize_mb = 5\ndecode_tok_s = 0', "decode_tok_s must be a positive"),
         ('[[model]]\nid = 0\nname = "a"\nsize_mb = 5\ndtype = "int4"', "dtype 'int4' is not one of"),
+        (
+            '[[model]]\nid = 0\nname = "a"\nsize_mb = 5\nactivations = "fp8"',
+            "activations 'fp8' is not one of",
+        ),
         (
             '[[model]]\nid = 0\nname = "a"\nsize_mb = 5\n[[model]]\nid = 0\nname = "b"\nsize_mb = 5',
             "duplicate model id 0",

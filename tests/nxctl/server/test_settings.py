@@ -41,3 +41,25 @@ def test_invalid_settings_are_named() -> None:
         SeatSettings(max_queue=0, drain_timeout_s=-1)
     with pytest.raises(InvalidRequestError, match="--model or a --registry"):
         SeatSettings(models=())
+    with pytest.raises(InvalidRequestError, match="activations"):
+        SeatSettings(activations="fp8")
+
+
+def test_the_seat_s_activations_reach_its_engines(tmp_path) -> None:
+    """--activations int8 (with --quantize int8 on tiny): the seat's engine holds its quantized
+    linears in the dot layout (int8 inputs), and answers."""
+    from nxctl.server.app import create_app
+    from nxctl.server.uvicorn_seat import BackgroundSeat
+    from tests.nxctl.server.conftest import make_settings
+
+    app = create_app(make_settings(tmp_path, quantize="int8", activations="int8"))
+    with BackgroundSeat(app) as url:
+        import openai
+
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
+        reply = client.completions.create(model="tiny", prompt="hello", max_tokens=3)
+        assert reply.choices[0].text is not None
+        engine = app.state.seat.host.loaded("tiny").llm.engine
+        assert engine.config.activations == "int8"
+        formats = {lw.format for lw in engine._model.linears.values() if lw.quantized}
+        assert formats and min(formats) >= 4
