@@ -13,7 +13,12 @@ from engine import kernels
 from engine.kernels.qdot_reference import int8_activation_linear, quantize_activations
 from engine.kernels.quant_pack import DOT, pack_quantized, quantized_rows, unpack_quantized
 from engine.quantized import QTYPES
-from tests.engine.layers.test_quantized_kernels import CASES, SCALE_FIELDS, _quantized
+from tests.engine.layers.test_quantized_kernels import (
+    CASES,
+    SCALE_FIELDS,
+    _quantized,
+    assert_generic_bits_everywhere,
+)
 
 
 def _close_to_reference(got: torch.Tensor, ref: torch.Tensor) -> None:
@@ -55,17 +60,9 @@ def test_activations_round_half_to_even_within_127():
 def test_bits_equal_in_every_instruction_set_at_every_row_count(qtype: str):
     """VNNI, AVX2 pairs of 16-bit products and the scalar loops form the same exact integer sums and
     the same float combine: the generic build's bits everywhere."""
-    module = kernels.backend().module
-    if module is None:
-        pytest.skip("the C++ kernels are not built on this machine")
     n, k = 130, 512 if qtype in SCALE_FIELDS else 288
     fmt, packed = pack_quantized(_quantized(qtype, n, k, seed=24), int8_activations=True)
-    gen = torch.Generator().manual_seed(25)
-    for m in (1, 2, 3, 4, 5, 12, 16, 17, 33, 97):
-        x = torch.randn(m, k, generator=gen)
-        expected = module.qlinear("generic", x, packed, fmt, n)
-        for isa in kernels.compiled_isas():
-            assert torch.equal(module.qlinear(isa, x, packed, fmt, n), expected), (isa, m)
+    assert_generic_bits_everywhere(packed, fmt, n, k, (1, 2, 3, 4, 5, 12, 16, 17, 33, 97), seed=25)
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1", "Q6_K"])

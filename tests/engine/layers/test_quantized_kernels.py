@@ -75,13 +75,20 @@ def test_qlinear_bits_equal_in_every_instruction_set_at_every_row_count(qtype: s
     """Every route (weights dequantized in registers for a few rows, four panels side by side or one;
     spans of K dequantized into a buffer for more rows; a last partial panel) on every compiled
     instruction set gives the generic build's bits."""
+    n, k = shape
+    fmt, packed = pack_quantized(_quantized(qtype, n, k, seed=16))
+    assert_generic_bits_everywhere(packed, fmt, n, k, (1, 2, 3, 4, 5, 12, 13, 16, 97, 130), seed=17)
+
+
+def assert_generic_bits_everywhere(
+    packed: torch.Tensor, fmt: int, n: int, k: int, row_counts: tuple[int, ...], seed: int
+) -> None:
+    """At each row count, every compiled instruction set's qlinear gives the generic build's bits."""
     module = kernels.backend().module
     if module is None:
         pytest.skip("the C++ kernels are not built on this machine")
-    n, k = shape
-    fmt, packed = pack_quantized(_quantized(qtype, n, k, seed=16))
-    gen = torch.Generator().manual_seed(17)
-    for m in (1, 2, 3, 4, 5, 12, 13, 16, 97, 130):
+    gen = torch.Generator().manual_seed(seed)
+    for m in row_counts:
         x = torch.randn(m, k, generator=gen)
         expected = module.qlinear("generic", x, packed, fmt, n)
         for isa in kernels.compiled_isas():
