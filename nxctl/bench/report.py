@@ -170,7 +170,12 @@ def footer(result: BenchResult) -> list[str]:
         lines.append(
             f"matmul peak measured in this run (GFLOP/s): {peaks}; threads {result.threads}"
             + (
-                "; on a CPU every dtype's peak is float32's (our kernels compute in float32)"
+                "; on a CPU every dtype's peak is float32's (our kernels compute in float32"
+                + (
+                    "; with int8 activations our quantized linears' products are int8, so their % can pass 100)"
+                    if result.options.activations == "int8"
+                    else ")"
+                )
                 if result.device == "cpu"
                 else ""
             )
