@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from engine import kernels, testing
-from engine.config import EngineConfig
+from engine.config import ACTIVATION_MODES, EngineConfig
 from engine.kernels.quant_pack import pack_quantized
 from engine.llm_engine import LLM
 from engine.loader import load_config
@@ -177,20 +177,18 @@ def _kernel_rows(run: GateRun, seed: int) -> None:
 
 
 def _quantized_rows(rng: random.Random, gen: torch.Generator) -> list[str]:
-    """Quantized linears (Q8_0) on the real shapes, float and int8 activations: a row alone == among others."""
+    """Quantized linears (Q8_0) on the real shapes, float, int16 and int8 activations: a row alone == among others."""
     differing: list[str] = []
     for n, k in SMOLLM2_SHAPES:
         weight = quantize_q8_0(torch.randn(n, k, generator=gen))
         rows = rng.choice([rng.randint(2, 64), 512])
         x = torch.randn(rows, k, generator=gen) * rng.choice([0.1, 1.0, 30.0])
-        for int8 in (False, True):
-            fmt, packed = pack_quantized(weight, int8_activations=int8)
+        for activations in ACTIVATION_MODES:
+            fmt, packed = pack_quantized(weight, activations)
             full = kernels.qlinear(x, packed, fmt, n)
             for i in rng.sample(range(rows), 2):
                 if not torch.equal(kernels.qlinear(x[i : i + 1], packed, fmt, n), full[i : i + 1]):
-                    differing.append(
-                        f"qlinear Q8_0 {'int8' if int8 else 'float'} activations {n}x{k} row {i}/{rows}"
-                    )
+                    differing.append(f"qlinear Q8_0 {activations} activations {n}x{k} row {i}/{rows}")
     return differing
 
 

@@ -133,8 +133,9 @@ def qlinear(x: torch.Tensor, packed: torch.Tensor, fmt: int, n: int) -> torch.Te
     """x [M, K] (any float dtype) @ a packed quantized weight (quant_pack.py) -> [M, N] float32.
 
     Bit-identical to ``linear`` over the dequantized weight: the same fma chain over K per output; for
-    a weight in a dot layout (format >= quant_pack.DOT), each row's inputs quantized to int8 per 32
-    (csrc/qdot.h): the same bits on every compiled instruction set, a row's output its own."""
+    a weight in a dot layout (format >= quant_pack.DOT), each row's inputs quantized to int8 (or, for
+    format >= quant_pack.WIDE, int16) per 32 (csrc/qdot.h): the same bits on every compiled instruction
+    set, a row's output its own."""
     return _run("qlinear", x.float().contiguous(), packed, fmt, n)
 
 

@@ -33,11 +33,11 @@ def qlinear(x: torch.Tensor, packed: torch.Tensor, fmt: int, n: int) -> torch.Te
     """x [M, K] float32 @ a packed quantized weight -> [M, N] float32, row by row over its float values
     (the same values and calls as ``linear`` over the dequantized weight: the same bits); a weight in
     a dot layout quantizes each row's inputs too (qdot_reference.py)."""
-    from engine.kernels.qdot_reference import int8_activation_linear
+    from engine.kernels.qdot_reference import integer_activation_linear
     from engine.kernels.quant_pack import DOT, unpack_quantized
 
     if fmt >= DOT:
-        return int8_activation_linear(x, packed, fmt, n)
+        return integer_activation_linear(x, packed, fmt, n)
     return _rows_times(x, unpack_quantized(packed, fmt, n))
 
 

@@ -12,9 +12,10 @@ The K types are regrouped by 32 k with float32 scales (their per-sub-block scale
 float16 and a small integer, exact in float32 but not in float16): Q4_K as Q4S (d, m = -dmin * min,
 nibbles as Q4), Q6_K as Q8S (a scale per 16 k, so two per tile, then the quants as int8).
 
-For int8 activations (engine/kernels/csrc/qdot.h) the same tiles hold their quants in the dot layout,
-format + DOT: k in quads of 4, each column's quad 4 bytes in a row (Q8: q ^ 0x80; Q4: quad j in the
-low nibbles of chunk j, quad j + 4 in the high ones). Same bytes, same scales.
+For integer activations (engine/kernels/csrc/qdot.h) the same tiles hold their quants in the dot
+layout: k in quads of 4, each column's quad 4 bytes in a row (Q8: q ^ 0x80; Q4: quad j in the low
+nibbles of chunk j, quad j + 4 in the high ones). Same bytes, same scales. The format says which
+inputs meet it: format + DOT int8 activations, format + WIDE (the same layout) int16 ones.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from engine.quantized import BLOCK, QuantizedWeight
 PANEL = 16
 Q8, Q4, Q4S, Q8S = 0, 1, 2, 3  # quantized.h QFormat
 DOT = 4  # qdot.h: format + DOT is the format in the dot layout (int8 activations)
+WIDE = 8  # qdot.h: format + WIDE is the dot layout with int16 activations
+ACTIVATION_OFFSET = {"float": 0, "int8": DOT, "int16": WIDE}  # EngineConfig.activations -> format offset
 QUADS = BLOCK // 4
 FORMAT_OF = {"Q8_0": Q8, "Q4_0": Q4, "Q4_1": Q4, "Q4_K": Q4S, "Q6_K": Q8S}
 SCALE_BYTES = PANEL * 2  # 16 float16 scales (or mins)
@@ -113,8 +116,8 @@ def _header_bytes(fmt: int) -> int:
 
 
 def to_dot_layout(tiles: torch.Tensor, fmt: int) -> torch.Tensor:
-    """Tiles [..., tile bytes] of ``fmt`` with their quants regrouped for int8 activations (format
-    fmt + DOT; see the module docstring)."""
+    """Tiles [..., tile bytes] of ``fmt`` with their quants regrouped for integer activations (format
+    fmt + DOT or + WIDE; see the module docstring)."""
     head, body = tiles[..., : _header_bytes(fmt)], tiles[..., _header_bytes(fmt) :]
     lead = tiles.shape[:-1]
     if fmt in (Q8, Q8S):
@@ -128,7 +131,7 @@ def to_dot_layout(tiles: torch.Tensor, fmt: int) -> torch.Tensor:
 
 
 def _from_dot_layout(tiles: torch.Tensor, fmt: int) -> torch.Tensor:
-    """The inverse of to_dot_layout: tiles of fmt + DOT -> tiles of fmt."""
+    """The inverse of to_dot_layout: tiles of fmt + DOT (or + WIDE) -> tiles of fmt."""
     head, body = tiles[..., : _header_bytes(fmt)], tiles[..., _header_bytes(fmt) :]
     lead = tiles.shape[:-1]
     if fmt in (Q8, Q8S):
@@ -141,11 +144,12 @@ def _from_dot_layout(tiles: torch.Tensor, fmt: int) -> torch.Tensor:
     return torch.cat([head, packed_nibbles.reshape(*lead, -1)], dim=-1)
 
 
-def pack_quantized(weight: QuantizedWeight, int8_activations: bool = False) -> tuple[int, torch.Tensor]:
-    """(format, packed [P, K / 32, tile bytes] uint8) of a quantized [N, K] weight; with
-    ``int8_activations`` in the dot layout (format + DOT), for the int8-activation kernels."""
+def pack_quantized(weight: QuantizedWeight, activations: str = "float") -> tuple[int, torch.Tensor]:
+    """(format, packed [P, K / 32, tile bytes] uint8) of a quantized [N, K] weight for its inputs'
+    ``activations`` ("float"; "int8" or "int16": the dot layout, format + DOT or + WIDE)."""
     fmt, tiles = _pack(weight)
-    return (fmt + DOT, to_dot_layout(tiles, fmt).contiguous()) if int8_activations else (fmt, tiles)
+    offset = ACTIVATION_OFFSET[activations]
+    return (fmt + offset, to_dot_layout(tiles, fmt).contiguous()) if offset else (fmt, tiles)
 
 
 def _pack(weight: QuantizedWeight) -> tuple[int, torch.Tensor]:
@@ -178,7 +182,7 @@ def _tile_parts(tiles: torch.Tensor, fmt: int) -> tuple[torch.Tensor, torch.Tens
     """tiles [..., nb, tile bytes] -> scale [..., nb, 32, 16] (each k's), m [..., nb, 1, 16] or None,
     quants [..., nb, 32, 16], all float32."""
     if fmt >= DOT:
-        fmt -= DOT
+        fmt %= DOT
         tiles = _from_dot_layout(tiles, fmt)
     lead = tiles.shape[:-1]
     if fmt in (Q4S, Q8S):

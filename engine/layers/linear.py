@@ -11,9 +11,10 @@ A weight kept quantized (engine/quantized.py: GGUF Q8_0, Q4_0, Q4_1, Q4_K, Q6_K,
 once into tiles of 16 columns x 32 inputs (engine/kernels/quant_pack.py) and multiplied by the same
 chains with each weight dequantized in registers to exactly its float value: its outputs are those of
 the float32 path over the dequantized weight, bit for bit, in fast mode too (no library kernel reads
-our blocks). With ``int8_activations`` (EngineConfig.activations "int8") the tiles are held in the dot
-layout and each row's inputs are quantized per 32 to int8 (engine/kernels/csrc/qdot.h): exact integer
-dot products and a fixed float combine per block, invariant by construction, a little off the float path.
+our blocks). With integer ``activations`` (EngineConfig.activations "int8" or "int16") the tiles are held
+in the dot layout and each row's inputs are quantized per 32 to int8 or int16 (engine/kernels/csrc/qdot.h):
+exact integer dot products and a fixed float combine per block, invariant by construction, a little off
+the float path (int16: 256 times closer than int8).
 
 Fast mode (``invariant=False``) is the library's ``F.linear`` on the plain weight.
 
@@ -63,10 +64,10 @@ class LinearWeight:
         weight: torch.Tensor | QuantizedWeight,
         invariant: bool,
         dtype: torch.dtype | None = None,
-        int8_activations: bool = False,
+        activations: str = "float",
     ):
         self.invariant = invariant
-        self.int8_activations = int8_activations  # a quantized weight: its inputs quantized too (qdot.h)
+        self.activations = activations  # a quantized weight: "int8"/"int16" quantize its inputs too (qdot.h)
         self.dtype = dtype or (weight.dtype if isinstance(weight, torch.Tensor) else torch.float32)
         self.out_features, self.in_features = weight.shape
         self.quantized: str | None = None  # the GGUF type when held quantized
@@ -77,7 +78,7 @@ class LinearWeight:
     def _prepare(self, weight: torch.Tensor | QuantizedWeight) -> torch.Tensor:
         if isinstance(weight, QuantizedWeight):
             self.quantized, self.packed = weight.qtype, False
-            self.format, packed = pack_quantized(weight, self.int8_activations)
+            self.format, packed = pack_quantized(weight, self.activations)
             return packed  # [P, K / 32, tile bytes] uint8
         self.quantized = None
         self.packed = self.invariant and weight.device.type == "cpu"

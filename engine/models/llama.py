@@ -70,8 +70,8 @@ class PagedLlama:
 
     ``quantize`` (EngineConfig): "auto" keeps quantized weights quantized, "none" dequantizes them to
     ``dtype``, "int8" also quantizes float linear weights (K a multiple of 32) to Q8_0. Quantized
-    weights need our CPU kernels: elsewhere they are dequantized. ``activations`` "int8": their linears
-    quantize each row's inputs per 32 (engine/kernels/csrc/qdot.h).
+    weights need our CPU kernels: elsewhere they are dequantized. ``activations`` "int8" or "int16":
+    their linears quantize each row's inputs per 32 (engine/kernels/csrc/qdot.h).
     """
 
     FUSED = {
@@ -91,7 +91,7 @@ class PagedLlama:
         activations: str = "float",
     ):
         self.config = config
-        self.int8_activations = activations == "int8"
+        self.activations = activations
         self.dtype = dtype
         self.device = device
         self.invariant = invariant
@@ -164,7 +164,7 @@ class PagedLlama:
             fused: Weight = QuantizedWeight.stack(quantized)
         else:  # float, or quantized types that differ: the fused weight is held as float
             fused = torch.cat([dense(w).to(device=self.device, dtype=self.dtype) for w in weights])
-        self.linears[key] = LinearWeight(fused, self.invariant, self.dtype, self.int8_activations)
+        self.linears[key] = LinearWeight(fused, self.invariant, self.dtype, self.activations)
 
     @property
     def weight_bytes(self) -> int:

@@ -47,7 +47,7 @@ DEFAULT_ACTIVATION_MB = 64.0
 DTYPE_BYTES: Mapping[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 QUANTIZE_MODES = ("auto", "none", "int8")  # EngineConfig.quantize (defined here: this module is torch-free)
 # EngineConfig.activations: what quantized linears multiply (float32, or int8 per 32 inputs: engine/kernels/csrc/qdot.h)
-ACTIVATION_MODES = ("float", "int8")
+ACTIVATION_MODES = ("float", "int16", "int8")
 DEFAULT_ACTIVATIONS = "float"
 DEMO_REGISTRY = Path(__file__).resolve().parents[2] / "fixtures" / "mux-demo.toml"
 

@@ -172,8 +172,9 @@ def footer(result: BenchResult) -> list[str]:
             + (
                 "; on a CPU every dtype's peak is float32's (our kernels compute in float32"
                 + (
-                    "; with int8 activations our quantized linears' products are int8, so their % can pass 100)"
-                    if result.options.activations == "int8"
+                    f"; with {result.options.activations} activations our quantized linears' products are integer, "
+                    "so their % can pass 100)"
+                    if result.options.activations != "float"
                     else ")"
                 )
                 if result.device == "cpu"

@@ -13,8 +13,9 @@ QUANTIZE_HELP = (
 )
 
 ACTIVATIONS_HELP = (
-    "What quantized weights multiply on the CPU: float (the float32 inputs; outputs equal the float path's) or "
-    "int8 (inputs quantized per 32 to int8, exact integer dot products: faster, a little off the float path)."
+    "What quantized weights multiply on the CPU: float (the float32 inputs; outputs equal the float path's), "
+    "int16 or int8 (inputs quantized per 32 to int16 or int8, exact integer dot products: faster, a little off "
+    "the float path; int8 the fastest and the furthest)."
 )
 
 SPECULATIVE_HELP = (

@@ -15,6 +15,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
+from engine.kernels.quant_pack import DOT, WIDE
 from engine.llm_engine import LLM, Engine
 from engine.loader import LoadedModel
 from engine.models.held_weights import held_weight_bytes
@@ -82,14 +83,19 @@ def test_activations_mode_is_checked():
         EngineConfig(activations="fp8")
 
 
-def test_int8_activations_keep_batch_invariance_and_really_quantize_the_inputs(tiny_loaded: LoadedModel):
-    """activations="int8": each row's inputs quantized per 32 (csrc/qdot.h). A request's tokens and
-    logprob bits are its solo run's in a batch; they are not the float activations' bits."""
+@pytest.mark.parametrize(("activations", "first_format"), [("int8", DOT), ("int16", WIDE)])
+def test_integer_activations_keep_batch_invariance_and_really_quantize_the_inputs(
+    tiny_loaded: LoadedModel, activations: str, first_format: int
+):
+    """activations="int8" / "int16": each row's inputs quantized per 32 (csrc/qdot.h). A request's
+    tokens and logprob bits are its solo run's in a batch; they are not the float activations' bits."""
     prompts = _prompts(tiny_loaded.config.vocab_size, 4, (1, 9, 40, 77))
-    ints = Engine(tiny_loaded, EngineConfig(quantize="int8", activations="int8", num_kv_blocks=64))
+    ints = Engine(tiny_loaded, EngineConfig(quantize="int8", activations=activations, num_kv_blocks=64))
     floats = Engine(tiny_loaded, EngineConfig(quantize="int8", activations="float", num_kv_blocks=64))
     formats = {lw.format for lw in ints._model.linears.values() if lw.quantized}
-    assert formats and min(formats) >= 4  # every quantized linear in a dot layout
+    assert (
+        formats and min(formats) >= first_format and max(formats) < first_format + DOT
+    )  # every one in its layout
     ours = _run(ints, prompts, together=True)
     assert ours == _run(ints, prompts, together=False)
     assert [logprobs for _, logprobs in ours] != [

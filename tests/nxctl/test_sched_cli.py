@@ -129,7 +129,7 @@ def test_one_request_and_no_json_writes_nothing(tmp_path: Path, monkeypatch: pyt
         (["--tenants", "2", "--tenant-weights", "1"], "--tenant-weights"),
         (["--input-len", "1020:1022"], "context"),
         (["--dtype", "int3"], "unsupported dtype"),
-        (["--activations", "fp8"], "--activations must be one of float, int8"),
+        (["--activations", "fp8"], "--activations must be one of float, int16, int8"),
     ],
 )
 def test_bad_input_is_one_clear_line(args: list[str], needle: str) -> None:

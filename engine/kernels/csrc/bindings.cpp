@@ -53,13 +53,13 @@ torch::Tensor linear(const std::string& isa, const torch::Tensor& x, const torch
 }
 
 // x [M, K] float32; packed [P, K / 32, tile bytes] uint8 in ``format`` (quantized.h, or its dot layout:
-// qdot.h, x quantized to int8 per row) -> y [M, N] float32
+// qdot.h, x quantized to int8 or int16 per row) -> y [M, N] float32
 torch::Tensor qlinear(const std::string& isa, const torch::Tensor& x, const torch::Tensor& packed, int64_t format,
                       int64_t n) {
   check_cpu(x, "x");
   check_cpu(packed, "packed weight");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x must be [M, K] float32");
-  TORCH_CHECK(format >= nxk::kQ8 && format <= nxk::kQ8SD, "unknown quantized format ", format);
+  TORCH_CHECK(format >= nxk::kQ8 && format <= nxk::kQ8SW, "unknown quantized format ", format);
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == torch::kUInt8 && packed.size(2) == nxk::tile_bytes(format),
               "packed weight must be [P, K / 32, ", nxk::tile_bytes(format), "] uint8");
   const int64_t m = x.size(0), k = x.size(1), panels = packed.size(0);

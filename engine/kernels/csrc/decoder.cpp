@@ -78,7 +78,7 @@ HeldLinear DecoderStack::held(const torch::Tensor& data, int64_t format, int64_t
               "3-d CPU tensor");
   TORCH_CHECK(data.size(0) == (n + kPanel - 1) / kPanel, "a held linear does not hold N=", n);
   if (format >= 0) {
-    TORCH_CHECK(format >= kQ8 && format <= kQ8SD, "unknown quantized format ", format);
+    TORCH_CHECK(format >= kQ8 && format <= kQ8SW, "unknown quantized format ", format);
     TORCH_CHECK(data.scalar_type() == torch::kUInt8 && data.size(1) * kQBlock == k && data.size(2) == tile_bytes(format),
                 "a quantized linear must be [P, ", k / kQBlock, ", ", tile_bytes(format), "] uint8");
   } else {

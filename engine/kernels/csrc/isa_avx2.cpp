@@ -78,7 +78,7 @@ struct Avx2Vec {
   }
 };
 
-// ---- int8 activations (qdot.h): 8 columns per vector, 4-byte dot products as pairs of 16-bit ones ----
+// ---- int8 and int16 activations (qdot.h): 8 columns per vector, dot products as pairs of 16-bit ones ----
 
 // acc + the dot products of 8 columns' weight quads w with one row's quad x4 (broadcast). Exact: a
 // 16-bit pair sum is at most 2 * 128 * 127 (Q8: |q| times x with q's sign; Q4: 15 * 127), no saturation.
@@ -112,17 +112,25 @@ inline __m256 scales_of(const uint8_t* tile, int which, int h) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tile + which * kScaleBytes + h * 16)));
 }
 
-// R rows (from row m) x one panel of 16 columns over all of K, stored to y
-template <int F, int R>
-void dot_tile(const QActs& a, int64_t K, const uint8_t* panel, int64_t m, float* y, int64_t N, int64_t cols) {
+// acc + 8 columns' int16-input dot products over one quad: the weight bytes widened where they lie, the
+// even ones (k0, k2) met by the row's first input pair (stored x0 x2), the odd ones (k1, k3) by the
+// second (x1 x3). Exact: a pair sum is at most 2 * 255 * 32767.
+inline __m256i quad_dot16(__m256i acc, __m256i even, __m256i odd, __m256i x_even, __m256i x_odd) {
+  return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(even, x_even), _mm256_madd_epi16(odd, x_odd)));
+}
+
+// R rows (from row m) x one panel of 16 columns over all of K, stored to y; Q: int8 or int16 inputs
+template <int F, int R, class Q>
+void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t m, float* y, int64_t N, int64_t cols) {
   constexpr int64_t TB = tile_bytes(F);
+  constexpr bool wide = sizeof(Q) == 2;
   const int64_t nb = K / kQBlock;
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* tile = panel + b * TB;
     const uint8_t* quants = tile + scale_bytes(F);
-    const int32_t* xw[R];
+    const int32_t* xw[R];  // the row's inputs by 4 bytes: one quad (int8) or half a quad (int16)
     for (int r = 0; r < R; ++r) xw[r] = reinterpret_cast<const int32_t*>(a.q + (m + r) * K + b * kQBlock);
     constexpr int passes = F == kQ8S ? 2 : 1;  // Q8S: one scale per half block
     for (int pass = 0; pass < passes; ++pass) {
@@ -130,20 +138,35 @@ void dot_tile(const QActs& a, int64_t K, const uint8_t* panel, int64_t m, float*
       for (int r = 0; r < R; ++r) is[r][0] = is[r][1] = _mm256_setzero_si256();
       for (int64_t j = pass * kQuads / passes; j < (pass + 1) * kQuads / passes; ++j) {
         const __m256i w0 = quad_of<F>(quants, j, 0), w1 = quad_of<F>(quants, j, 1);
-        for (int r = 0; r < R; ++r) {
-          const __m256i x4 = _mm256_set1_epi32(xw[r][j]);
-          is[r][0] = quad_dot<F>(is[r][0], w0, x4);
-          is[r][1] = quad_dot<F>(is[r][1], w1, x4);
+        if constexpr (wide) {
+          const __m256i low = _mm256_set1_epi16(0x00FF);
+          const __m256i e0 = _mm256_and_si256(w0, low), o0 = _mm256_srli_epi16(w0, 8);
+          const __m256i e1 = _mm256_and_si256(w1, low), o1 = _mm256_srli_epi16(w1, 8);
+          for (int r = 0; r < R; ++r) {
+            const __m256i xe = _mm256_set1_epi32(xw[r][2 * j]), xo = _mm256_set1_epi32(xw[r][2 * j + 1]);
+            is[r][0] = quad_dot16(is[r][0], e0, o0, xe, xo);
+            is[r][1] = quad_dot16(is[r][1], e1, o1, xe, xo);
+          }
+        } else {
+          for (int r = 0; r < R; ++r) {
+            const __m256i x4 = _mm256_set1_epi32(xw[r][j]);
+            is[r][0] = quad_dot<F>(is[r][0], w0, x4);
+            is[r][1] = quad_dot<F>(is[r][1], w1, x4);
+          }
         }
       }
       for (int r = 0; r < R; ++r) {
         const float dx = a.d[(m + r) * nb + b];
         const int32_t* s = a.s + ((m + r) * nb + b) * 2;
+        const int32_t xsum = passes == 2 ? s[pass] : s[0] + s[1];
         for (int h = 0; h < 2; ++h) {
+          __m256i exact = is[r][h];
+          if constexpr (wide && (F == kQ8 || F == kQ8S))  // the weights were q + 128
+            exact = _mm256_sub_epi32(exact, _mm256_set1_epi32(128 * xsum));
           const __m256 scale = _mm256_mul_ps(scales_of<F>(tile, pass, h), _mm256_set1_ps(dx));
-          acc[r][h] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(is[r][h]), acc[r][h]);
+          acc[r][h] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(exact), acc[r][h]);
           if constexpr (F == kQ4 || F == kQ4S)
-            acc[r][h] = _mm256_fmadd_ps(scales_of<F>(tile, 1, h), _mm256_set1_ps(dx * static_cast<float>(s[0] + s[1])),
+            acc[r][h] = _mm256_fmadd_ps(scales_of<F>(tile, 1, h), _mm256_set1_ps(dx * static_cast<float>(xsum)),
                                         acc[r][h]);
         }
       }
@@ -152,8 +175,8 @@ void dot_tile(const QActs& a, int64_t K, const uint8_t* panel, int64_t m, float*
   for (int r = 0; r < R; ++r) store_columns<Avx2Vec>(y + (m + r) * N, acc[r][0], acc[r][1], cols);
 }
 
-template <int F>
-void qdot_panels_avx2(const QActs& a, int64_t M, int64_t K, const uint8_t* packed, int64_t N, float* y,
+template <int F, class Q>
+void qdot_panels_avx2(const QActsOf<Q>& a, int64_t M, int64_t K, const uint8_t* packed, int64_t N, float* y,
                       int64_t panel_begin, int64_t panel_end) {
   const int64_t panel_bytes = K / kQBlock * tile_bytes(F);
   for (int64_t p = panel_begin; p < panel_end; ++p) {
@@ -171,10 +194,14 @@ void qdot_panels_avx2(const QActs& a, int64_t M, int64_t K, const uint8_t* packe
 
 KernelTable avx2_table() {
   KernelTable t = make_table<Avx2Vec>("avx2");
-  t.qdot_q8 = &qdot_panels_avx2<kQ8>;
-  t.qdot_q4 = &qdot_panels_avx2<kQ4>;
-  t.qdot_q4s = &qdot_panels_avx2<kQ4S>;
-  t.qdot_q8s = &qdot_panels_avx2<kQ8S>;
+  t.qdot_q8 = &qdot_panels_avx2<kQ8, int8_t>;
+  t.qdot_q4 = &qdot_panels_avx2<kQ4, int8_t>;
+  t.qdot_q4s = &qdot_panels_avx2<kQ4S, int8_t>;
+  t.qdot_q8s = &qdot_panels_avx2<kQ8S, int8_t>;
+  t.qdot16_q8 = &qdot_panels_avx2<kQ8, int16_t>;
+  t.qdot16_q4 = &qdot_panels_avx2<kQ4, int16_t>;
+  t.qdot16_q4s = &qdot_panels_avx2<kQ4S, int16_t>;
+  t.qdot16_q8s = &qdot_panels_avx2<kQ8S, int16_t>;
   return t;
 }
 

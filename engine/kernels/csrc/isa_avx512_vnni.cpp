@@ -1,6 +1,8 @@
-// The int8-activation linears (qdot.h) for CPUs with AVX512-VNNI: one vpdpbusd adds 16 columns'
-// 4-byte dot products (unsigned weight bytes x signed activation bytes) to 16 exact int32 sums.
-// Q8 weights are stored as q + 128 (unsigned), so the sum is corrected by 128 * sum(qx), exactly.
+// The int8- and int16-activation linears (qdot.h) for CPUs with AVX512-VNNI: one vpdpbusd adds 16
+// columns' 4-byte dot products (unsigned weight bytes x signed activation bytes) to 16 exact int32
+// sums; with int16 inputs two vpdpwssd do (the quad's even and odd weight bytes widened in place, each
+// against its pair of inputs, stored x0 x2 / x1 x3). Q8 weights are stored as q + 128 (unsigned), so
+// the sum is corrected by 128 * sum(qx), exactly.
 // The float combine per block is qdot.h's, lane by lane: the same bits as the AVX2 and generic
 // entries. isa_avx512.cpp installs these only when the CPU has AVX512-VNNI and AVX512-BW.
 #if defined(__x86_64__) || defined(_M_X64)
@@ -18,7 +20,9 @@ namespace nxk {
 namespace {
 
 constexpr int64_t kDotRows = 4;  // rows per register tile with two panels (16 sums + 8 accumulators)
-constexpr int64_t kDotRowBlock = 16;  // rows whose int8 inputs stay in L1 while a block's panels go by
+// rows whose inputs stay in L1 while a block's panels go by (int16 inputs take twice the bytes)
+template <class Q>
+constexpr int64_t kDotRowBlock = sizeof(Q) == 1 ? 16 : 8;
 
 // panel p's 16 scales (Q4, Q4S: which = 1 gives the mins; Q8S: the second half block's scales)
 template <int F>
@@ -35,9 +39,9 @@ inline __m512i quad_of(const uint8_t* quants, int64_t j) {
   return _mm512_and_si512(j < 4 ? raw : _mm512_srli_epi16(raw, 4), _mm512_set1_epi8(0x0F));
 }
 
-// R rows (from row m) x P panels over all of K, stored to y (columns from col)
-template <int F, int R, int P>
-void dot_tile(const QActs& a, int64_t K, const uint8_t* panel, int64_t panel_bytes, int64_t m, float* y, int64_t N,
+// R rows (from row m) x P panels over all of K, stored to y (columns from col); Q: int8 or int16 inputs
+template <int F, int R, int P, class Q>
+void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t panel_bytes, int64_t m, float* y, int64_t N,
               int64_t col) {
   constexpr int64_t TB = tile_bytes(F);
   constexpr int passes = F == kQ8S ? 2 : 1;  // Q8S: one scale per half block
@@ -51,7 +55,7 @@ void dot_tile(const QActs& a, int64_t K, const uint8_t* panel, int64_t panel_byt
       tile[p] = panel + p * panel_bytes + b * TB;
       for (int64_t line = 0; line < TB; line += 64) __builtin_prefetch(tile[p] + 4 * TB + line);
     }
-    const int32_t* xw[R];
+    const int32_t* xw[R];  // the row's inputs by 4 bytes: one quad (int8) or half a quad (int16)
     for (int r = 0; r < R; ++r) xw[r] = reinterpret_cast<const int32_t*>(a.q + (m + r) * K + b * kQBlock);
     for (int pass = 0; pass < passes; ++pass) {
       __m512i is[R][P];
@@ -60,9 +64,22 @@ void dot_tile(const QActs& a, int64_t K, const uint8_t* panel, int64_t panel_byt
       for (int64_t j = pass * kQuads / passes; j < (pass + 1) * kQuads / passes; ++j) {
         __m512i w[P];
         for (int p = 0; p < P; ++p) w[p] = quad_of<F>(tile[p] + scale_bytes(F), j);
-        for (int r = 0; r < R; ++r) {
-          const __m512i x4 = _mm512_set1_epi32(xw[r][j]);
-          for (int p = 0; p < P; ++p) is[r][p] = _mm512_dpbusd_epi32(is[r][p], w[p], x4);
+        if constexpr (sizeof(Q) == 2) {
+          __m512i odd[P];
+          for (int p = 0; p < P; ++p) {
+            odd[p] = _mm512_srli_epi16(w[p], 8);
+            w[p] = _mm512_and_si512(w[p], _mm512_set1_epi16(0x00FF));
+          }
+          for (int r = 0; r < R; ++r) {
+            const __m512i xe = _mm512_set1_epi32(xw[r][2 * j]), xo = _mm512_set1_epi32(xw[r][2 * j + 1]);
+            for (int p = 0; p < P; ++p) is[r][p] = _mm512_dpwssd_epi32(is[r][p], w[p], xe);
+            for (int p = 0; p < P; ++p) is[r][p] = _mm512_dpwssd_epi32(is[r][p], odd[p], xo);
+          }
+        } else {
+          for (int r = 0; r < R; ++r) {
+            const __m512i x4 = _mm512_set1_epi32(xw[r][j]);
+            for (int p = 0; p < P; ++p) is[r][p] = _mm512_dpbusd_epi32(is[r][p], w[p], x4);
+          }
         }
       }
       __m512 d[P], mins[P];  // the block's scales (and mins), once for all the rows
@@ -93,25 +110,25 @@ void dot_tile(const QActs& a, int64_t K, const uint8_t* panel, int64_t panel_byt
     }
 }
 
-template <int F, int P>
-void dot_rows(int64_t rows, const QActs& a, int64_t K, const uint8_t* panel, int64_t panel_bytes, int64_t m, float* y,
+template <int F, int P, class Q>
+void dot_rows(int64_t rows, const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t panel_bytes, int64_t m, float* y,
               int64_t N, int64_t col) {
   switch (rows) {
-    case 4: dot_tile<F, 4, P>(a, K, panel, panel_bytes, m, y, N, col); break;
-    case 3: dot_tile<F, 3, P>(a, K, panel, panel_bytes, m, y, N, col); break;
-    case 2: dot_tile<F, 2, P>(a, K, panel, panel_bytes, m, y, N, col); break;
-    default: dot_tile<F, 1, P>(a, K, panel, panel_bytes, m, y, N, col); break;
+    case 4: dot_tile<F, 4, P, Q>(a, K, panel, panel_bytes, m, y, N, col); break;
+    case 3: dot_tile<F, 3, P, Q>(a, K, panel, panel_bytes, m, y, N, col); break;
+    case 2: dot_tile<F, 2, P, Q>(a, K, panel, panel_bytes, m, y, N, col); break;
+    default: dot_tile<F, 1, P, Q>(a, K, panel, panel_bytes, m, y, N, col); break;
   }
 }
 
-// Column panels [panel_begin, panel_end): rows by blocks of 16 (their int8 inputs stay in L1), panels
-// four side by side for up to 2 rows, else two, each group of panels met by the block's row tiles in turn.
-template <int F>
-void qdot_panels_vnni(const QActs& a, int64_t M, int64_t K, const uint8_t* packed, int64_t N, float* y,
+// Column panels [panel_begin, panel_end): rows by blocks (their inputs stay in L1), panels four side by
+// side for up to 2 rows, else two, each group of panels met by the block's row tiles in turn.
+template <int F, class Q>
+void qdot_panels_vnni(const QActsOf<Q>& a, int64_t M, int64_t K, const uint8_t* packed, int64_t N, float* y,
                       int64_t panel_begin, int64_t panel_end) {
   const int64_t panel_bytes = K / kQBlock * tile_bytes(F);
-  for (int64_t m0 = 0; m0 < M; m0 += kDotRowBlock) {
-    const int64_t m1 = std::min(M, m0 + kDotRowBlock);
+  for (int64_t m0 = 0; m0 < M; m0 += kDotRowBlock<Q>) {
+    const int64_t m1 = std::min(M, m0 + kDotRowBlock<Q>);
     for (int64_t p = panel_begin; p < panel_end;) {
       const int64_t left = panel_end - p;
       const int64_t P = M <= 2 && left >= 4 ? 4 : std::min<int64_t>(2, left);
@@ -119,11 +136,11 @@ void qdot_panels_vnni(const QActs& a, int64_t M, int64_t K, const uint8_t* packe
       for (int64_t m = m0; m < m1; m += kDotRows) {
         const int64_t rows = std::min(kDotRows, m1 - m);
         if (P == 4) {
-          dot_rows<F, 4>(rows, a, K, panel, panel_bytes, m, y, N, p * kPanel);
+          dot_rows<F, 4, Q>(rows, a, K, panel, panel_bytes, m, y, N, p * kPanel);
         } else if (P == 2) {
-          dot_rows<F, 2>(rows, a, K, panel, panel_bytes, m, y, N, p * kPanel);
+          dot_rows<F, 2, Q>(rows, a, K, panel, panel_bytes, m, y, N, p * kPanel);
         } else {
-          dot_rows<F, 1>(rows, a, K, panel, panel_bytes, m, y, N, p * kPanel);
+          dot_rows<F, 1, Q>(rows, a, K, panel, panel_bytes, m, y, N, p * kPanel);
         }
       }
       p += P;
@@ -134,10 +151,14 @@ void qdot_panels_vnni(const QActs& a, int64_t M, int64_t K, const uint8_t* packe
 }  // namespace
 
 void use_vnni_dots(KernelTable& t) {
-  t.qdot_q8 = &qdot_panels_vnni<kQ8>;
-  t.qdot_q4 = &qdot_panels_vnni<kQ4>;
-  t.qdot_q4s = &qdot_panels_vnni<kQ4S>;
-  t.qdot_q8s = &qdot_panels_vnni<kQ8S>;
+  t.qdot_q8 = &qdot_panels_vnni<kQ8, int8_t>;
+  t.qdot_q4 = &qdot_panels_vnni<kQ4, int8_t>;
+  t.qdot_q4s = &qdot_panels_vnni<kQ4S, int8_t>;
+  t.qdot_q8s = &qdot_panels_vnni<kQ8S, int8_t>;
+  t.qdot16_q8 = &qdot_panels_vnni<kQ8, int16_t>;
+  t.qdot16_q4 = &qdot_panels_vnni<kQ4, int16_t>;
+  t.qdot16_q4s = &qdot_panels_vnni<kQ4S, int16_t>;
+  t.qdot16_q8s = &qdot_panels_vnni<kQ8S, int16_t>;
 }
 
 }  // namespace nxk

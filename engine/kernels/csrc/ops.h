@@ -45,29 +45,48 @@ void run_linear(const KernelTable& t, const float* x, int64_t m, int64_t k, cons
   });
 }
 
-// y [M, N] float32 = x [M, K] float32 @ W^T over a packed quantized weight in ``format`` (quantized.h)
-// (a dot-layout format: x quantized per row first, qdot.h, into buffers this thread keeps between calls)
+// y [M, N] float32 = x [M, K] float32 @ W^T over a weight in a dot layout (qdot.h): x quantized per row
+// to Q (int8 or int16) first, into buffers this thread keeps between calls
+template <class Q>
+void run_qdot(const KernelTable& t, const float* x, int64_t m, int64_t k, const uint8_t* packed, int64_t format,
+              int64_t n, float* y) {
+  thread_local std::vector<Q> q;
+  thread_local std::vector<float> d;
+  thread_local std::vector<int32_t> s;
+  q.resize(m * k);
+  d.resize(m * k / kQBlock);
+  s.resize(m * k / kQBlock * 2);
+  // pointers, not the thread_local names: inside the lambdas those would be each worker's own buffers
+  Q* qp = q.data();
+  float* dp = d.data();
+  int32_t* sp = s.data();
+  at::parallel_for(0, m, 8, [&](int64_t b, int64_t e) { quantize_rows<Q>(x, k, qp, dp, sp, b, e); });
+  const QActsOf<Q> acts{qp, dp, sp};
+  const int base = base_format(format);
+  const int64_t panels = (n + kPanel - 1) / kPanel;
+  const int64_t grain = std::max<int64_t>(2, 16 / std::max<int64_t>(1, m));
+  if constexpr (sizeof(Q) == 1) {
+    const auto dot = base == kQ8 ? t.qdot_q8 : base == kQ4 ? t.qdot_q4 : base == kQ4S ? t.qdot_q4s : t.qdot_q8s;
+    at::parallel_for(0, panels, grain, [&](int64_t b, int64_t e) { dot(acts, m, k, packed, n, y, b, e); });
+  } else {
+    const auto dot =
+        base == kQ8 ? t.qdot16_q8 : base == kQ4 ? t.qdot16_q4 : base == kQ4S ? t.qdot16_q4s : t.qdot16_q8s;
+    at::parallel_for(0, panels, grain, [&](int64_t b, int64_t e) { dot(acts, m, k, packed, n, y, b, e); });
+  }
+}
+
+// y [M, N] float32 = x [M, K] float32 @ W^T over a packed quantized weight in ``format`` (quantized.h,
+// or a dot layout: run_qdot)
 inline void run_qlinear(const KernelTable& t, const float* x, int64_t m, int64_t k, const uint8_t* packed,
                         int64_t format, int64_t n, float* y) {
   if (m == 0) return;
   const int64_t panels = (n + kPanel - 1) / kPanel;
+  if (is_wide_format(format)) {
+    run_qdot<int16_t>(t, x, m, k, packed, format, n, y);
+    return;
+  }
   if (is_dot_format(format)) {
-    thread_local std::vector<int8_t> q;
-    thread_local std::vector<float> d;
-    thread_local std::vector<int32_t> s;
-    q.resize(m * k);
-    d.resize(m * k / kQBlock);
-    s.resize(m * k / kQBlock * 2);
-    // pointers, not the thread_local names: inside the lambdas those would be each worker's own buffers
-    int8_t* qp = q.data();
-    float* dp = d.data();
-    int32_t* sp = s.data();
-    at::parallel_for(0, m, 8, [&](int64_t b, int64_t e) { quantize_rows(x, k, qp, dp, sp, b, e); });
-    const QActs acts{qp, dp, sp};
-    const int base = base_format(format);
-    const auto dot = base == kQ8 ? t.qdot_q8 : base == kQ4 ? t.qdot_q4 : base == kQ4S ? t.qdot_q4s : t.qdot_q8s;
-    const int64_t grain = std::max<int64_t>(2, 16 / std::max<int64_t>(1, m));
-    at::parallel_for(0, panels, grain, [&](int64_t b, int64_t e) { dot(acts, m, k, packed, n, y, b, e); });
+    run_qdot<int8_t>(t, x, m, k, packed, format, n, y);
     return;
   }
   const auto fn = format == kQ8 ? t.qlinear_q8 : format == kQ4 ? t.qlinear_q4 : format == kQ4S ? t.qlinear_q4s : t.qlinear_q8s;

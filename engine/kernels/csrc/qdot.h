@@ -1,8 +1,9 @@
-// Quantized linears with int8 activations (llama.cpp's route): each row's inputs are quantized per
-// block of 32 k to int8 with one float scale, every block's dot product with a weight block is an
-// exact integer sum, and a fixed float combine per block adds it to the output:
+// Quantized linears with integer activations (llama.cpp's route): each row's inputs are quantized per
+// block of 32 k to int8 (or int16) with one float scale, every block's dot product with a weight block
+// is an exact integer sum, and a fixed float combine per block adds it to the output:
 //
-//   per row m, block b:  dx = max|x| / 127,  qx[k] = round_even(x[k] * (1 / dx)) in [-127, 127]
+//   per row m, block b:  dx = max|x| / L,  qx[k] = round_even(x[k] * (1 / dx)) in [-L, L]
+//                        L = 127 (int8) or 32767 (int16: 256 times finer, sums still exact in int32)
 //                        s  = sum of qx over each half block (16 k)   (exact integers)
 //   per output (m, n), blocks b = 0, 1, ... in order, acc from 0:
 //     Q8, Q8S halves   acc = fma(d * dx, float(sum_k q * qx), acc)          (one fma per scale)
@@ -19,6 +20,9 @@
 //   Q8D, Q8SD  8 quads x 16 columns x 4 bytes, each byte q ^ 0x80 (q + 128 as an unsigned byte)
 //   Q4D, Q4SD  4 chunks x 16 columns x 4 bytes: quad j in the low nibbles of chunk j, quad j + 4 in
 //              the high nibbles (0..15, unsigned)
+// Format f + 4 multiplies int8 activations, f + 8 (the same bytes) int16 ones. Int16 activations are
+// stored with each quad's middle two swapped (x0 x2 x1 x3): a weight quad's even bytes (k0, k2) and
+// odd bytes (k1, k3), widened to 16 bits where they lie, then meet their inputs pair by pair.
 #pragma once
 
 #include <algorithm>
@@ -32,43 +36,59 @@ namespace nxk {
 
 constexpr int kDotFormats = 4;  // format f + kDotFormats is format f in the dot layout
 enum QDotFormat : int { kQ8D = kQ8 + kDotFormats, kQ4D, kQ4SD, kQ8SD };
+enum QWideFormat : int { kQ8W = kQ8 + 2 * kDotFormats, kQ4W, kQ4SW, kQ8SW };  // the dot layout, int16 inputs
 constexpr int64_t kQuads = kQBlock / 4;                 // 4-byte groups of k per block
 constexpr int64_t kQuadRowBytes = kPanel * 4;          // one quad of 16 columns (64 bytes)
 
-constexpr bool is_dot_format(int64_t format) { return format >= kQ8D && format <= kQ8SD; }
+constexpr bool is_dot_format(int64_t format) { return format >= kQ8D && format <= kQ8SW; }
+constexpr bool is_wide_format(int64_t format) { return format >= kQ8W && format <= kQ8SW; }
 constexpr int base_format(int64_t format) { return static_cast<int>(format % kDotFormats); }
 constexpr int64_t scale_bytes(int format) {  // the tile's header before its quants
   return format == kQ8 ? kScaleBytes : format == kQ4 ? 2 * kScaleBytes : 2 * kWideScaleBytes;
 }
 
-// A step's rows quantized (see the top of this file): q [M, K] int8, d [M, K / 32], s [M, K / 16].
-struct QActs {
-  const int8_t* q;
+// A step's rows quantized (see the top of this file): q [M, K] int8 or int16, d [M, K / 32], s [M, K / 16].
+template <class Q>
+struct QActsOf {
+  const Q* q;
   const float* d;
   const int32_t* s;
 };
+using QActs = QActsOf<int8_t>;
+using QActs16 = QActsOf<int16_t>;
+
+template <class Q>
+constexpr float kQLimit = sizeof(Q) == 1 ? 127.0f : 32767.0f;
+
+// where input i (0..3) of a quad is stored: int16 inputs as x0 x2 x1 x3 (see the top of this file)
+template <class Q>
+constexpr int64_t quad_slot(int64_t i) {
+  return sizeof(Q) == 1 ? i : (i & 1) * 2 + (i >> 1);
+}
 
 constexpr float kRoundMagic = 12582912.0f;  // 1.5 * 2^23: (v + magic) - magic is v rounded to nearest, ties even
 
 // Rows [row_begin, row_end) of x [M, K] quantized into a's buffers (K a multiple of 32). Scalar and
-// static: one copy per translation unit, the same IEEE operations wherever it is compiled (|v| <= 128
+// static: one copy per translation unit, the same IEEE operations wherever it is compiled (|v| <= 32767
 // here, so the magic-number rounding is exact round-to-nearest-even).
-static inline void quantize_rows(const float* x, int64_t K, int8_t* q, float* d, int32_t* s, int64_t row_begin,
+template <class Q>
+static inline void quantize_rows(const float* x, int64_t K, Q* q, float* d, int32_t* s, int64_t row_begin,
                                  int64_t row_end) {
+  constexpr float limit = kQLimit<Q>;
   const int64_t nb = K / kQBlock;
   for (int64_t m = row_begin; m < row_end; ++m)
     for (int64_t b = 0; b < nb; ++b) {
       const float* xb = x + m * K + b * kQBlock;
       float amax = 0.0f;
       for (int64_t i = 0; i < kQBlock; ++i) amax = std::max(amax, std::fabs(xb[i]));
-      const float scale = amax / 127.0f;
+      const float scale = amax / limit;
       const float inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
-      int8_t* qb = q + m * K + b * kQBlock;
+      Q* qb = q + m * K + b * kQBlock;
       int32_t half[2] = {0, 0};
       for (int64_t i = 0; i < kQBlock; ++i) {
-        const float v = std::min(127.0f, std::max(-127.0f, xb[i] * inverse));  // NaN -> -127 (scale is NaN too)
+        const float v = std::min(limit, std::max(-limit, xb[i] * inverse));  // NaN -> -limit (scale is NaN too)
         const int r = static_cast<int>((v + kRoundMagic) - kRoundMagic);
-        qb[i] = static_cast<int8_t>(r);
+        qb[(i & ~int64_t{3}) + quad_slot<Q>(i & 3)] = static_cast<Q>(r);
         half[i / (kQBlock / 2)] += r;
       }
       d[m * nb + b] = scale;
@@ -77,11 +97,11 @@ static inline void quantize_rows(const float* x, int64_t K, int8_t* q, float* d,
     }
 }
 
-// Column panels [panel_begin, panel_end) of y = x @ W^T, x given quantized, W in dot layout F + 4.
-// The portable reference: one output at a time, scalar integer sums. (Templated on the table's vector
-// struct only so that each instruction set's file keeps its own copy.)
-template <class O, int F>
-void qdot_panels(const QActs& a, int64_t M, int64_t K, const uint8_t* packed, int64_t N, float* y,
+// Column panels [panel_begin, panel_end) of y = x @ W^T, x given quantized, W in dot layout F + 4
+// (or F + 8 with int16 inputs). The portable reference: one output at a time, scalar integer sums.
+// (Templated on the table's vector struct only so that each instruction set's file keeps its own copy.)
+template <class O, int F, class Q>
+void qdot_panels(const QActsOf<Q>& a, int64_t M, int64_t K, const uint8_t* packed, int64_t N, float* y,
                  int64_t panel_begin, int64_t panel_end) {
   const int64_t nb = K / kQBlock, tb = tile_bytes(F), panel_bytes = nb * tb;
   for (int64_t p = panel_begin; p < panel_end; ++p) {
@@ -91,7 +111,7 @@ void qdot_panels(const QActs& a, int64_t M, int64_t K, const uint8_t* packed, in
       for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* tile = packed + p * panel_bytes + b * tb;
         const uint8_t* quants = tile + scale_bytes(F);
-        const int8_t* xq = a.q + m * K + b * kQBlock;
+        const Q* xq = a.q + m * K + b * kQBlock;
         const float dx = a.d[m * nb + b];
         const int32_t* s = a.s + (m * nb + b) * 2;
         for (int64_t c = 0; c < cols; ++c) {
@@ -105,7 +125,7 @@ void qdot_panels(const QActs& a, int64_t M, int64_t K, const uint8_t* packed, in
                 const uint8_t byte = quants[((j % 4) * kPanel + c) * 4 + i];
                 w = j < 4 ? byte & 0x0F : byte >> 4;
               }
-              half[j / (kQuads / 2)] += w * xq[j * 4 + i];
+              half[j / (kQuads / 2)] += w * xq[j * 4 + quad_slot<Q>(i)];
             }
           float d0, d1;  // Q4, Q4S: d and m; Q8S: the two halves' scales
           if constexpr (F == kQ4S || F == kQ8S) {

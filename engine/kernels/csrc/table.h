@@ -25,9 +25,11 @@ struct KernelTable {
   void (*qlinear_q4)(const float*, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
   void (*qlinear_q4s)(const float*, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
   void (*qlinear_q8s)(const float*, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
-  // int8 activations over the dot layouts (qdot.h), one entry per base format
+  // int8 and int16 activations over the dot layouts (qdot.h), one entry per base format
   using QDot = void (*)(const QActs&, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
+  using QDot16 = void (*)(const QActs16&, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
   QDot qdot_q8, qdot_q4, qdot_q4s, qdot_q8s;
+  QDot16 qdot16_q8, qdot16_q4, qdot16_q4s, qdot16_q8s;
 };
 
 // The table instantiated over vector struct O.
@@ -48,16 +50,20 @@ KernelTable make_table(const char* name) {
       &qlinear_panels<O, kQ4>,
       &qlinear_panels<O, kQ4S>,
       &qlinear_panels<O, kQ8S>,
-      &qdot_panels<O, kQ8>,
-      &qdot_panels<O, kQ4>,
-      &qdot_panels<O, kQ4S>,
-      &qdot_panels<O, kQ8S>,
+      &qdot_panels<O, kQ8, int8_t>,
+      &qdot_panels<O, kQ4, int8_t>,
+      &qdot_panels<O, kQ4S, int8_t>,
+      &qdot_panels<O, kQ8S, int8_t>,
+      &qdot_panels<O, kQ8, int16_t>,
+      &qdot_panels<O, kQ4, int16_t>,
+      &qdot_panels<O, kQ4S, int16_t>,
+      &qdot_panels<O, kQ8S, int16_t>,
   };
 }
 
 KernelTable generic_table();
 KernelTable avx2_table();
 KernelTable avx512_table();  // avx2_table with 16-lane linears (isa_avx512.cpp)
-void use_vnni_dots(KernelTable& t);  // the int8-activation entries for AVX512-VNNI CPUs (isa_avx512_vnni.cpp)
+void use_vnni_dots(KernelTable& t);  // the int8/int16-activation entries for AVX512-VNNI CPUs (isa_avx512_vnni.cpp)
 
 }  // namespace nxk

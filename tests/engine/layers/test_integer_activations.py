@@ -1,0 +1,143 @@
+"""Integer activations over quantized weights (engine/kernels/csrc/qdot.h, llama.cpp's route, in int8
+and in int16): the dot layout holds the same weights, the kernels compute the documented arithmetic
+(checked against a torch reference of it), give the same bits on every instruction set and at every
+row count, keep a row's output its own, and really do quantize the inputs (their outputs are not the
+float route's; int16's are far closer to it than int8's).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import kernels
+from engine.kernels.qdot_reference import (
+    INT8_LIMIT,
+    INT16_LIMIT,
+    integer_activation_linear,
+    quantize_activations,
+)
+from engine.kernels.quant_pack import ACTIVATION_OFFSET, pack_quantized, quantized_rows, unpack_quantized
+from engine.quantized import QTYPES
+from tests.engine.layers.test_quantized_kernels import (
+    CASES,
+    SCALE_FIELDS,
+    _quantized,
+    assert_generic_bits_everywhere,
+)
+
+INTEGER_MODES = ("int8", "int16")
+LIMIT = {"int8": INT8_LIMIT, "int16": INT16_LIMIT}
+
+
+def _close_to_reference(got: torch.Tensor, ref: torch.Tensor) -> None:
+    """Equal up to float32 rounding of the per-block combine (a wrong scale, min or offset is far off)."""
+    tolerance = 1e-5 * float(ref.abs().max()) + 1e-6
+    assert float((got - ref).abs().max()) <= tolerance
+
+
+@pytest.mark.parametrize("mode", INTEGER_MODES)
+@pytest.mark.parametrize(("qtype", "shape"), CASES)
+def test_the_dot_layout_holds_the_same_weights(qtype: str, shape: tuple[int, int], mode: str):
+    qw = _quantized(qtype, *shape, seed=21)
+    fmt, packed = pack_quantized(qw)
+    dot_fmt, dot = pack_quantized(qw, mode)
+    assert (
+        dot_fmt == fmt + ACTIVATION_OFFSET[mode]
+        and dot.shape == packed.shape
+        and not torch.equal(dot, packed)
+    )
+    assert torch.equal(unpack_quantized(dot, dot_fmt, shape[0]), unpack_quantized(packed, fmt, shape[0]))
+    ids = torch.tensor([0, shape[0] - 1, shape[0] // 2])
+    assert torch.equal(quantized_rows(dot, dot_fmt, ids), quantized_rows(packed, fmt, ids))
+
+
+@pytest.mark.parametrize("mode", INTEGER_MODES)
+@pytest.mark.parametrize(("qtype", "shape"), CASES)
+def test_the_kernel_computes_the_documented_arithmetic(qtype: str, shape: tuple[int, int], mode: str):
+    n, k = shape
+    fmt, packed = pack_quantized(_quantized(qtype, n, k, seed=22), mode)
+    gen = torch.Generator().manual_seed(23)
+    for m in (1, 3, 7, 40):
+        x = torch.randn(m, k, generator=gen) * torch.rand(m, 1, generator=gen) * 4
+        _close_to_reference(kernels.qlinear(x, packed, fmt, n), integer_activation_linear(x, packed, fmt, n))
+
+
+@pytest.mark.parametrize("mode", INTEGER_MODES)
+def test_activations_round_half_to_even_within_the_limit(mode: str):
+    limit = LIMIT[mode]
+    x = torch.zeros(2, 32)
+    x[0, :4] = torch.tensor([limit, 0.5, 1.5, -2.5])  # scale 1: ties go to the even neighbour
+    q, scale = quantize_activations(x, limit)
+    assert scale.tolist() == [[1.0], [0.0]]
+    assert q[0, 0, :4].tolist() == [limit, 0.0, 2.0, -2.0] and not q[1].any()
+
+
+@pytest.mark.parametrize("mode", INTEGER_MODES)
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_bits_equal_in_every_instruction_set_at_every_row_count(qtype: str, mode: str):
+    """VNNI (vpdpbusd / vpdpwssd), AVX2 pairs of 16-bit products and the scalar loops form the same
+    exact integer sums and the same float combine: the generic build's bits everywhere."""
+    n, k = 130, 512 if qtype in SCALE_FIELDS else 288
+    fmt, packed = pack_quantized(_quantized(qtype, n, k, seed=24), mode)
+    assert_generic_bits_everywhere(packed, fmt, n, k, (1, 2, 3, 4, 5, 8, 9, 12, 16, 17, 33, 97), seed=25)
+
+
+@pytest.mark.parametrize("mode", INTEGER_MODES)
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1", "Q6_K"])
+def test_a_rows_output_is_the_same_alone_among_others_and_at_any_thread_count(qtype: str, mode: str):
+    n, k = 70, 512 if qtype in SCALE_FIELDS else 192
+    fmt, packed = pack_quantized(_quantized(qtype, n, k, seed=26), mode)
+    gen = torch.Generator().manual_seed(27)
+    row = torch.randn(1, k, generator=gen)
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = kernels.qlinear(row, packed, fmt, n)
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for m in (2, 4, 5, 17, 40):
+                for place in (0, m // 2, m - 1):
+                    x = torch.randn(m, k, generator=gen) * 10
+                    x[place] = row[0]
+                    assert torch.equal(kernels.qlinear(x, packed, fmt, n)[place], alone[0]), (
+                        m,
+                        place,
+                        threads,
+                    )
+    finally:
+        torch.set_num_threads(saved)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_K"])
+def test_the_inputs_really_are_quantized_int16_far_finer_than_int8(qtype: str):
+    """Negative control: neither integer route gives the float route's bits, both stay close to it,
+    and int16's distance is far below int8's (its inputs carry 8 more bits)."""
+    n, k = 48, 512 if qtype in SCALE_FIELDS else 256
+    qw = _quantized(qtype, n, k, seed=28)
+    fmt, packed = pack_quantized(qw)
+    x = torch.randn(9, k, generator=torch.Generator().manual_seed(29))
+    floats = kernels.qlinear(x, packed, fmt, n)
+    distance = {}
+    for mode in INTEGER_MODES:
+        dot_fmt, dot = pack_quantized(qw, mode)
+        ints = kernels.qlinear(x, dot, dot_fmt, n)
+        assert not torch.equal(ints, floats)
+        distance[mode] = float((ints - floats).norm() / floats.norm())
+    assert distance["int8"] < 0.02 and distance["int16"] < distance["int8"] / 50
+
+
+@pytest.mark.parametrize("mode", INTEGER_MODES)
+def test_zero_and_integer_inputs(mode: str):
+    """A zero row gives zeros; inputs already on the integer grid (max at the limit) are not rounded
+    at all, so the output is the float route's up to the combine's rounding."""
+    n, k, limit = 33, 64, int(LIMIT[mode])
+    qw = _quantized("Q8_0", n, k, seed=30)
+    fmt, packed = pack_quantized(qw)
+    dot_fmt, dot = pack_quantized(qw, mode)
+    x = torch.randint(-limit, limit + 1, (3, k), generator=torch.Generator().manual_seed(31)).float()
+    x[:, 0], x[:, 32] = float(limit), -float(limit)  # every block's scale exactly 1
+    x[1] = 0.0
+    got = kernels.qlinear(x, dot, dot_fmt, n)
+    assert not got[1].any()
+    _close_to_reference(got, kernels.qlinear(x, packed, fmt, n))
