@@ -214,10 +214,11 @@ class EngineConfig:
     weights to Q8_0 (int8 per 32 inputs, one scale each). Quantized weights run on the CPU kernels; on
     another device they are dequantized.
 
-    ``activations``: what a quantized weight's linear multiplies on the CPU kernels: "float" (the
-    float32 inputs: outputs equal to the float path over the dequantized weight, bit for bit) or "int8"
-    (inputs quantized per 32 to int8, exact integer dot products, llama.cpp's route: faster, outputs a
-    little off the float path's; invariant either way).
+    ``activations``: what a quantized weight's linear multiplies on the CPU kernels: "int16" (the
+    default: inputs quantized per 32 to int16, exact integer dot products; outputs a hair off the float
+    path's, teacher-forced top-1 agreement >= 0.999 on smollm2), "float" (the float32 inputs: outputs
+    equal to the float path over the dequantized weight, bit for bit; slower) or "int8" (llama.cpp's
+    route: the fastest, agreement 0.97-0.99). Invariant in every mode.
     """
 
     dtype: str = "float32"

@@ -58,7 +58,8 @@ def test_every_tensor_is_gguf_s_own_dequantization(path: Path):
 
 def test_a_q4_k_m_file_is_held_quantized_and_computes_with_its_dequantized_values():
     path = GGUF_DIR / "llama-q4_k_m.gguf"
-    kept = LLM(str(path), num_kv_blocks=32)
+    kept = LLM(str(path), activations="float", num_kv_blocks=32)
+    default = LLM(str(path), num_kv_blocks=32)  # int16 activations
     dense_llm = LLM(str(path), quantize="none", num_kv_blocks=32)
     held = {w.qtype for w in load_model(path).weights.values() if isinstance(w, QuantizedWeight)}
     assert held == {"Q4_K", "Q6_K"}
@@ -66,7 +67,13 @@ def test_a_q4_k_m_file_is_held_quantized_and_computes_with_its_dequantized_value
     params = SamplingParams(max_tokens=8, ignore_eos=True, logprobs=0)
     prompts = [[5, 17, 300, 42], list(range(30, 90))]
     ours = [(o.token_ids, o.logprobs) for o in kept.generate(prompts, params)]
-    assert ours == [(o.token_ids, o.logprobs) for o in dense_llm.generate(prompts, params)]
+    dense = [(o.token_ids, o.logprobs) for o in dense_llm.generate(prompts, params)]
+    assert ours == dense  # float activations: the dequantized run's bits
+    near = [(o.token_ids, o.logprobs) for o in default.generate(prompts, params)]
+    assert [tokens for tokens, _ in near] == [tokens for tokens, _ in dense]
+    assert near != dense  # int16 activations: the same tokens, logprobs a hair off
+    for (_, got), (_, want) in zip(near, dense, strict=True):
+        assert max(abs(g - w) for g, w in zip(got, want, strict=True)) < 1e-3
 
 
 @pytest.mark.parametrize("name", K_QUANTS)

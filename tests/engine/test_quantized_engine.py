@@ -47,7 +47,7 @@ def _as_q8_0_floats(loaded: LoadedModel) -> LoadedModel:
 
 def test_int8_gives_the_float_paths_bits_over_the_same_values(tiny_loaded: LoadedModel):
     prompts = _prompts(tiny_loaded.config.vocab_size, 1, (1, 9, 40, 77))
-    quantized = Engine(tiny_loaded, EngineConfig(quantize="int8", num_kv_blocks=64))
+    quantized = Engine(tiny_loaded, EngineConfig(quantize="int8", activations="float", num_kv_blocks=64))
     floats = Engine(_as_q8_0_floats(tiny_loaded), EngineConfig(quantize="none", num_kv_blocks=64))
     plain = Engine(tiny_loaded, EngineConfig(quantize="none", num_kv_blocks=64))
     assert quantized.snapshot().weight_bytes < plain.snapshot().weight_bytes / 2
