@@ -60,7 +60,14 @@ void run_qdot(const KernelTable& t, const float* x, int64_t m, int64_t k, const 
   Q* qp = q.data();
   float* dp = d.data();
   int32_t* sp = s.data();
-  at::parallel_for(0, m, 8, [&](int64_t b, int64_t e) { quantize_rows<Q>(x, k, qp, dp, sp, b, e); });
+  const auto quantize = [&t]() {
+    if constexpr (sizeof(Q) == 1) {
+      return t.quantize_i8;
+    } else {
+      return t.quantize_i16;
+    }
+  }();
+  at::parallel_for(0, m, 8, [&](int64_t b, int64_t e) { quantize(x, k, qp, dp, sp, b, e); });
   const QActsOf<Q> acts{qp, dp, sp};
   const int base = base_format(format);
   const int64_t panels = (n + kPanel - 1) / kPanel;

@@ -86,7 +86,8 @@ static inline void quantize_rows(const float* x, int64_t K, Q* q, float* d, int3
       Q* qb = q + m * K + b * kQBlock;
       int32_t half[2] = {0, 0};
       for (int64_t i = 0; i < kQBlock; ++i) {
-        const float v = std::min(limit, std::max(-limit, xb[i] * inverse));  // NaN -> -limit (scale is NaN too)
+        // NaN -> -limit (the block's max skipped it); an infinite max makes inverse 0, and inf * 0 NaN
+        const float v = std::min(limit, std::max(-limit, xb[i] * inverse));
         const int r = static_cast<int>((v + kRoundMagic) - kRoundMagic);
         qb[(i & ~int64_t{3}) + quad_slot<Q>(i & 3)] = static_cast<Q>(r);
         half[i / (kQBlock / 2)] += r;

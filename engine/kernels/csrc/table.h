@@ -30,6 +30,9 @@ struct KernelTable {
   using QDot16 = void (*)(const QActs16&, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
   QDot qdot_q8, qdot_q4, qdot_q4s, qdot_q8s;
   QDot16 qdot16_q8, qdot16_q4, qdot16_q4s, qdot16_q8s;
+  // a step's rows quantized for those (qdot.h quantize_rows: the same results in every table)
+  void (*quantize_i8)(const float*, int64_t, int8_t*, float*, int32_t*, int64_t, int64_t);
+  void (*quantize_i16)(const float*, int64_t, int16_t*, float*, int32_t*, int64_t, int64_t);
 };
 
 // The table instantiated over vector struct O.
@@ -58,12 +61,15 @@ KernelTable make_table(const char* name) {
       &qdot_panels<O, kQ4, int16_t>,
       &qdot_panels<O, kQ4S, int16_t>,
       &qdot_panels<O, kQ8S, int16_t>,
+      &quantize_rows<int8_t>,
+      &quantize_rows<int16_t>,
   };
 }
 
 KernelTable generic_table();
 KernelTable avx2_table();
 KernelTable avx512_table();  // avx2_table with 16-lane linears (isa_avx512.cpp)
+void use_avx512_quantizers(KernelTable& t);  // quantize_rows in 16 lanes (isa_avx512_quantize.cpp)
 void use_vnni_dots(KernelTable& t);  // the int8/int16-activation entries for AVX512-VNNI CPUs (isa_avx512_vnni.cpp)
 
 }  // namespace nxk

@@ -84,6 +84,32 @@ def test_bits_equal_in_every_instruction_set_at_every_row_count(qtype: str, mode
 
 
 @pytest.mark.parametrize("mode", INTEGER_MODES)
+def test_every_instruction_set_quantizes_extreme_inputs_alike(mode: str):
+    """The input quantizer (scalar, and 16 lanes on AVX-512) on rows with NaN, infinities, zeros,
+    subnormals, huge values and exact ties: every build's outputs have the generic build's bits."""
+    module = kernels.backend().module
+    if module is None:
+        pytest.skip("the C++ kernels are not built on this machine")
+    n, k = 40, 128
+    fmt, packed = pack_quantized(_quantized("Q8_0", n, k, seed=32), mode)
+    x = torch.randn(8, k, generator=torch.Generator().manual_seed(33))
+    x[0, 3], x[1, 40], x[2, 70] = float("nan"), float("inf"), -float("inf")
+    x[3] = 0.0
+    x[4] = torch.full((k,), 1e-40)  # subnormal
+    x[5, ::7] = 3e38
+    x[6] = torch.arange(k) % 8 - 3.5  # halves: ties at every scale
+    x[7, :32] = -0.0
+
+    def bits(t: torch.Tensor) -> torch.Tensor:
+        return t.view(torch.int32)
+
+    expected = module.qlinear("generic", x, packed, fmt, n)
+    for isa in kernels.compiled_isas():
+        assert torch.equal(bits(module.qlinear(isa, x, packed, fmt, n)), bits(expected)), isa
+    assert not expected[3].any() and bool(torch.isfinite(expected[6]).all())
+
+
+@pytest.mark.parametrize("mode", INTEGER_MODES)
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1", "Q6_K"])
 def test_a_rows_output_is_the_same_alone_among_others_and_at_any_thread_count(qtype: str, mode: str):
     n, k = 70, 512 if qtype in SCALE_FIELDS else 192
