@@ -366,19 +366,61 @@ struct AttentionArgs {
   float* out;               // [rows, heads, d] float32
 };
 
-// out[0 .. N vectors) = sum over keys j in position order of p[j] * v[key_at[j] ..], one fma chain per
-// output lane, then / total. N vectors of accumulators stay in registers for the whole chain.
-template <class O, class T, int N>
-void weighted_values(const float* p, const int64_t* key_at, int64_t L, const T* v, typename O::V total, float* out) {
+// For HP heads of one KV group at once, out_h[0 .. N vectors) = sum over keys j in position order of
+// p_h[j] * v[key_at[j] ..], one fma chain per (head, output lane), then / total_h: each chain is the
+// one a head alone would run, but every V row is loaded once for the HP heads (a group's heads read the
+// same values; loading them once per head made the value pass wait on L2). p: head h's weights at
+// p + h * p_stride; out: head h's output at out + h * out_stride. HP * N accumulators stay in registers.
+template <class O, class T, int HP, int N>
+void weighted_values(const float* p, int64_t p_stride, const int64_t* key_at, int64_t L, const T* v,
+                     const float* total, float* out, int64_t out_stride) {
   using V = typename O::V;
-  V acc[N];
-  for (int t = 0; t < N; ++t) acc[t] = O::zero();
+  V acc[HP][N];
+  for (int h = 0; h < HP; ++h)
+    for (int t = 0; t < N; ++t) acc[h][t] = O::zero();
   for (int64_t j = 0; j < L; ++j) {
     const T* vp = v + key_at[j];
-    const V pj = O::set1(p[j]);
-    for (int t = 0; t < N; ++t) acc[t] = O::fma(pj, O::load(vp + t * kLanes), acc[t]);
+    V pj[HP];
+    for (int h = 0; h < HP; ++h) pj[h] = O::set1(p[h * p_stride + j]);
+    for (int t = 0; t < N; ++t) {
+      const V vt = O::load(vp + t * kLanes);
+      for (int h = 0; h < HP; ++h) acc[h][t] = O::fma(pj[h], vt, acc[h][t]);
+    }
   }
-  for (int t = 0; t < N; ++t) O::store(out + t * kLanes, O::div(acc[t], total));
+  for (int h = 0; h < HP; ++h)
+    for (int t = 0; t < N; ++t) O::store(out + h * out_stride + t * kLanes, O::div(acc[h][t], O::set1(total[h])));
+}
+
+constexpr int kValueAccumulators = 12;  // HP heads x N vectors of accumulators per value pass (16 registers)
+
+// weighted_values for HP heads over vectors [c, c + n) of head_dim, n <= kValueAccumulators / HP
+template <class O, class T, int HP>
+void weighted_values_n(int64_t n, const float* p, int64_t p_stride, const int64_t* key_at, int64_t L, const T* v,
+                       const float* total, float* out, int64_t out_stride) {
+  switch (n) {
+#define NXK_VECTORS(k)                                                                                   \
+  case k:                                                                                                \
+    if constexpr (HP * k <= kValueAccumulators)                                                          \
+      weighted_values<O, T, HP, k>(p, p_stride, key_at, L, v, total, out, out_stride);                   \
+    break;
+    NXK_VECTORS(12) NXK_VECTORS(11) NXK_VECTORS(10) NXK_VECTORS(9) NXK_VECTORS(8) NXK_VECTORS(7)
+    NXK_VECTORS(6) NXK_VECTORS(5) NXK_VECTORS(4) NXK_VECTORS(3) NXK_VECTORS(2)
+#undef NXK_VECTORS
+    default: weighted_values<O, T, HP, 1>(p, p_stride, key_at, L, v, total, out, out_stride); break;
+  }
+}
+
+// A decode row's keys live in other requests' pages than the last row's, so they come from memory, and
+// the loads of one key at a time kept a few lines in flight: the scores pass asks for the K and V rows
+// of the keys kKeysAhead ahead (V is read again soon after, by the value pass).
+constexpr int64_t kKeysAhead = 16;
+
+template <class T>
+void prefetch_key(const AttentionArgs<T>& a, int64_t at) {
+  for (int64_t i = 0; i < a.d; i += 64 / static_cast<int64_t>(sizeof(T))) {
+    __builtin_prefetch(a.k_cache + at + i);
+    __builtin_prefetch(a.v_cache + at + i);
+  }
 }
 
 // work items [begin, end) of rows * kv_heads: one query row and one KV head (its group of query heads)
@@ -389,6 +431,7 @@ void attention_items(const AttentionArgs<T>& a, int64_t begin, int64_t end) {
   const float ninf = -std::numeric_limits<float>::infinity();
   std::vector<float> qf(group * d), scores;
   std::vector<int64_t> key_at;  // offset of each key's row in the cache (the same for K and V)
+  std::vector<float> totals(group);  // each head's softmax denominator
   for (int64_t item = begin; item < end; ++item) {
     const int64_t row = item / a.kv_heads, g = item % a.kv_heads;
     const int64_t pos = a.positions[row];
@@ -406,8 +449,10 @@ void attention_items(const AttentionArgs<T>& a, int64_t begin, int64_t end) {
     // scores: keys eight at a time, so eight independent fma chains are in flight and their eight
     // horizontal sums are one transposed reduction (O::hsum8, each lane the order of O::hsum); each
     // key's own chain over head_dim is the same whichever keys share its group
+    for (int64_t j = 0; j < std::min(L, kKeysAhead); ++j) prefetch_key(a, key_at[j]);
     for (int64_t j0 = 0; j0 < L; j0 += kLanes) {
       const int64_t nk = std::min<int64_t>(kLanes, L - j0);
+      for (int64_t j = j0 + kKeysAhead; j < std::min(L, j0 + kKeysAhead + kLanes); ++j) prefetch_key(a, key_at[j]);
       const T* kp[kLanes];
       for (int64_t u = 0; u < kLanes; ++u) kp[u] = a.k_cache + key_at[j0 + std::min(u, nk - 1)];
       for (int64_t h = 0; h < group; ++h) {
@@ -436,18 +481,24 @@ void attention_items(const AttentionArgs<T>& a, int64_t begin, int64_t end) {
         O::store(s + j, e);
         sum = O::add(sum, e);
       }
-      const V total = O::set1(O::hsum(sum));
-      float* o = a.out + (row * a.heads + g * group + h) * d;
-      for (int64_t c = 0; c < nv; c += kLanes) {  // by eight vectors of output dimensions, held in registers
-        switch (std::min<int64_t>(kLanes, nv - c)) {
-          case 8: weighted_values<O, T, 8>(s, key_at.data(), L, a.v_cache + c * kLanes, total, o + c * kLanes); break;
-          case 7: weighted_values<O, T, 7>(s, key_at.data(), L, a.v_cache + c * kLanes, total, o + c * kLanes); break;
-          case 6: weighted_values<O, T, 6>(s, key_at.data(), L, a.v_cache + c * kLanes, total, o + c * kLanes); break;
-          case 5: weighted_values<O, T, 5>(s, key_at.data(), L, a.v_cache + c * kLanes, total, o + c * kLanes); break;
-          case 4: weighted_values<O, T, 4>(s, key_at.data(), L, a.v_cache + c * kLanes, total, o + c * kLanes); break;
-          case 3: weighted_values<O, T, 3>(s, key_at.data(), L, a.v_cache + c * kLanes, total, o + c * kLanes); break;
-          case 2: weighted_values<O, T, 2>(s, key_at.data(), L, a.v_cache + c * kLanes, total, o + c * kLanes); break;
-          default: weighted_values<O, T, 1>(s, key_at.data(), L, a.v_cache + c * kLanes, total, o + c * kLanes); break;
+      totals[h] = O::hsum(sum);
+    }
+    // the values: up to four heads of the group per pass over the keys, by as many vectors of output
+    // dimensions as their accumulators leave room for
+    float* o = a.out + (row * a.heads + g * group) * d;
+    for (int64_t h0 = 0; h0 < group; h0 += 4) {
+      const int64_t hp = std::min<int64_t>(4, group - h0), width = kValueAccumulators / hp;
+      for (int64_t c = 0; c < nv; c += width) {
+        const int64_t n = std::min(width, nv - c);
+        const float* p = scores.data() + h0 * Lp;
+        const T* v = a.v_cache + c * kLanes;
+        float* oc = o + h0 * d + c * kLanes;
+        const float* tot = totals.data() + h0;
+        switch (hp) {
+          case 4: weighted_values_n<O, T, 4>(n, p, Lp, key_at.data(), L, v, tot, oc, d); break;
+          case 3: weighted_values_n<O, T, 3>(n, p, Lp, key_at.data(), L, v, tot, oc, d); break;
+          case 2: weighted_values_n<O, T, 2>(n, p, Lp, key_at.data(), L, v, tot, oc, d); break;
+          default: weighted_values_n<O, T, 1>(n, p, Lp, key_at.data(), L, v, tot, oc, d); break;
         }
       }
     }

@@ -9,6 +9,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -125,14 +126,26 @@ void run_silu_mul(const KernelTable& t, const T* gate_up, int64_t rows, int64_t 
   });
 }
 
-// attention for every (query row, KV head) item of ``a``
+// attention for every (query row, KV head) item of ``a``. Items cost what their row's keys cost (a
+// prefill chunk's first rows see few keys, a long conversation's decode row many), so equal shares of
+// items are unequal shares of work: each thread takes the next few items from a shared counter until
+// none are left. Every item is computed alone whichever thread takes it, so the split never changes
+// a bit.
 template <class T>
 void run_attention(const KernelTable& t, const AttentionArgs<T>& a, int64_t rows) {
-  at::parallel_for(0, rows * a.kv_heads, 1, [&](int64_t b, int64_t e) {
-    if constexpr (std::is_same_v<T, float>) {
-      t.attention_f32(a, b, e);
-    } else {
-      t.attention_bf16(a, b, e);
+  const int64_t items = rows * a.kv_heads;
+  if (items == 0) return;
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
+  const int64_t chunk = std::max<int64_t>(1, items / (threads * 16));  // 16 claims a thread: a short tail
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t b = next.fetch_add(chunk); b < items; b = next.fetch_add(chunk)) {
+      const int64_t e = std::min(items, b + chunk);
+      if constexpr (std::is_same_v<T, float>) {
+        t.attention_f32(a, b, e);
+      } else {
+        t.attention_bf16(a, b, e);
+      }
     }
   });
 }
