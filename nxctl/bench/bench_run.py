@@ -71,6 +71,7 @@ class BenchResult:
     setup_s: dict[str, float] = field(default_factory=dict)  # wall time of loading, peak, warm-up
     skipped: dict[str, str] = field(default_factory=dict)  # peer or schedule -> the line said about it
     peer_info: dict[str, dict[str, Any]] = field(default_factory=dict)  # schedule -> what its driver said
+    quantized_weights: bool = False  # our schedules held quantized weights (so --activations applied)
 
 
 @dataclass
@@ -270,14 +271,20 @@ def _dtype_agreement(ctx: _Context) -> dict[str, float]:
 QUANTIZED_AGREEMENT_REQUESTS = 16  # requests re-run on the float path for the quantized agreement
 
 
+def _holds_quantized(ctx: _Context) -> bool:
+    """Whether our schedules hold quantized weights: a GGUF's quantized tensors kept (--quantize auto)
+    or float weights quantized at load (--quantize int8); never under --quantize none."""
+    quantize = ctx.opts.quantize
+    return quantize == "int8" or (quantize != "none" and bool(ctx.loaded.config.quantized_weights))
+
+
 def _quantized_agreement(ctx: _Context) -> dict[str, float]:
     """The quantized path against the float32 path over the dequantized weights: the first requests'
     greedy tokens from cb_invariant, re-run with ``quantize="none"``; teacher-forced top-1 along the
     float path's tokens (engine_top1_agreement). Empty when nothing is held quantized or not greedy."""
     opts = ctx.opts
     ours = ctx.tokens.get("cb_invariant")
-    quantized = opts.quantize == "int8" or bool(ctx.loaded.config.quantized_weights)
-    if ours is None or not quantized or opts.quantize == "none" or opts.workload.sampling != "greedy":
+    if ours is None or not _holds_quantized(ctx) or opts.workload.sampling != "greedy":
         return {}
     subset = ctx.requests[:QUANTIZED_AGREEMENT_REQUESTS]
     float_run = run_continuous(
@@ -375,6 +382,7 @@ def run_bench(
         skipped=peer_runs.skipped,
         peer_info=peer_runs.info(),
         memory=memory,
+        quantized_weights=_holds_quantized(ctx),
     )
 
 

@@ -90,7 +90,8 @@ def title(result: BenchResult) -> str:
         concurrency = opts.concurrency or spec.num_requests
         return f"sched bench: {opts.model} served at {opts.url}, {workload}, concurrency {concurrency}"
     backend = cpu_kernels(result)
-    kernel_note = f" ({backend} kernels, {opts.activations} activations)" if backend else ""
+    activations = f", {opts.activations} activations" if result.quantized_weights else ""
+    kernel_note = f" ({backend} kernels{activations})" if backend else ""
     return (
         f"sched bench: {opts.model} {opts.dtype} on {result.device}, {workload}, max {opts.max_num_seqs} "
         f"seqs, {result.threads} threads{kernel_note}, {opts.repeat} repeat(s)"
@@ -174,7 +175,7 @@ def footer(result: BenchResult) -> list[str]:
                 + (
                     f"; with {result.options.activations} activations our quantized linears' products are integer, "
                     "so their % can pass 100)"
-                    if result.options.activations != "float"
+                    if result.quantized_weights and result.options.activations != "float"
                     else ")"
                 )
                 if result.device == "cpu"

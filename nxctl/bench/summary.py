@@ -132,6 +132,7 @@ def to_json(result: BenchResult) -> dict[str, Any]:
             "threads": result.threads,
             "kernels": cpu_kernels(result),
         },
+        "quantized_weights": result.quantized_weights,
         "peak_rss_mb": result.peak_rss_mb,
         "wall_s": result.setup_s,
         "peers": result.peer_info,

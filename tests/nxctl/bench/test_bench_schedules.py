@@ -98,3 +98,17 @@ def test_hf_peer_times_every_step_and_counts_requested_tokens(hf_tiny, requests)
     width = max(len(r.prompt_token_ids) for r in requests[:2])
     longest = max(r.output_len for r in requests[:2])
     assert run.work.computed_rows >= 2 * (width + longest - 1)  # the padding is computed too
+
+
+@pytest.mark.parametrize("quantized", [True, False])
+def test_activations_named_only_where_weights_were_held_quantized(quantized: bool) -> None:
+    """--activations is what quantized weights multiply: a run on float weights (--quantize none, or a
+    float checkpoint) must not claim integer activations in its title or its peak footer."""
+    from nxctl.bench.report import footer, title
+
+    opts = BenchOptions(activations="int16", quantize="auto" if quantized else "none")
+    runs = {"cb_invariant": [{"output_throughput": 2.0}]}
+    result = BenchResult(opts, "cpu", runs, {"float32": 1.0}, 1, quantized_weights=quantized)
+    said = title(result) + "\n" + "\n".join(footer(result))
+    assert ("int16 activations" in said) is quantized
+    assert to_json(result)["quantized_weights"] is quantized
