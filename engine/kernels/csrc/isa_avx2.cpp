@@ -192,16 +192,14 @@ void qdot_panels_avx2(const QActsOf<Q>& a, int64_t M, int64_t K, const uint8_t* 
   }
 }
 
+struct Avx2Dots {
+  template <int F, class A>
+  static constexpr auto run = &qdot_panels_avx2<F, A>;
+};
+
 KernelTable avx2_table() {
   KernelTable t = make_table<Avx2Vec>("avx2");
-  t.qdot_q8 = &qdot_panels_avx2<kQ8, int8_t>;
-  t.qdot_q4 = &qdot_panels_avx2<kQ4, int8_t>;
-  t.qdot_q4s = &qdot_panels_avx2<kQ4S, int8_t>;
-  t.qdot_q8s = &qdot_panels_avx2<kQ8S, int8_t>;
-  t.qdot16_q8 = &qdot_panels_avx2<kQ8, int16_t>;
-  t.qdot16_q4 = &qdot_panels_avx2<kQ4, int16_t>;
-  t.qdot16_q4s = &qdot_panels_avx2<kQ4S, int16_t>;
-  t.qdot16_q8s = &qdot_panels_avx2<kQ8S, int16_t>;
+  set_dot_entries<Avx2Dots>(t);
   return t;
 }
 

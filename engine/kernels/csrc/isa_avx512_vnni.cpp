@@ -148,18 +148,14 @@ void qdot_panels_vnni(const QActsOf<Q>& a, int64_t M, int64_t K, const uint8_t* 
   }
 }
 
+struct VnniDots {
+  template <int F, class A>
+  static constexpr auto run = &qdot_panels_vnni<F, A>;
+};
+
 }  // namespace
 
-void use_vnni_dots(KernelTable& t) {
-  t.qdot_q8 = &qdot_panels_vnni<kQ8, int8_t>;
-  t.qdot_q4 = &qdot_panels_vnni<kQ4, int8_t>;
-  t.qdot_q4s = &qdot_panels_vnni<kQ4S, int8_t>;
-  t.qdot_q8s = &qdot_panels_vnni<kQ8S, int8_t>;
-  t.qdot16_q8 = &qdot_panels_vnni<kQ8, int16_t>;
-  t.qdot16_q4 = &qdot_panels_vnni<kQ4, int16_t>;
-  t.qdot16_q4s = &qdot_panels_vnni<kQ4S, int16_t>;
-  t.qdot16_q8s = &qdot_panels_vnni<kQ8S, int16_t>;
-}
+void use_vnni_dots(KernelTable& t) { set_dot_entries<VnniDots>(t); }
 
 }  // namespace nxk
 #else

@@ -66,6 +66,20 @@ KernelTable make_table(const char* name) {
   };
 }
 
+// The eight integer-activation entries (the four base formats, int8 and int16 inputs) from one family of
+// dot kernels: D::run<F, A> is a qdot_panels-shaped function for base format F and input type A.
+template <class D>
+void set_dot_entries(KernelTable& t) {
+  t.qdot_q8 = D::template run<kQ8, int8_t>;
+  t.qdot_q4 = D::template run<kQ4, int8_t>;
+  t.qdot_q4s = D::template run<kQ4S, int8_t>;
+  t.qdot_q8s = D::template run<kQ8S, int8_t>;
+  t.qdot16_q8 = D::template run<kQ8, int16_t>;
+  t.qdot16_q4 = D::template run<kQ4, int16_t>;
+  t.qdot16_q4s = D::template run<kQ4S, int16_t>;
+  t.qdot16_q8s = D::template run<kQ8S, int16_t>;
+}
+
 KernelTable generic_table();
 KernelTable avx2_table();
 KernelTable avx512_table();  // avx2_table with 16-lane linears (isa_avx512.cpp)
