@@ -203,8 +203,8 @@ def attention(
 ) -> torch.Tensor:
     """Causal attention of each query row over its request's keys, read in place from the paged cache.
 
-    q: [rows, H, d]; k_cache, v_cache: [blocks, Hkv, block, d] (q's dtype; the C++ kernel reads float32
-    and bfloat16, a float16 cache takes the portable path);
+    q: [rows, H, d]; k_cache, v_cache: [blocks, Hkv, block, d] (q's dtype, or float16 under float32 q:
+    read widened, exactly; the C++ kernel takes float32 and bfloat16 q, float16 q takes the portable path);
     tables: [R, nb] long block tables; owners: [rows] long (row of ``tables``); positions: [rows] long
     (a row sees keys at positions 0..its own, or the last ``window``). Returns [rows, H, d] float32.
     """

@@ -155,6 +155,37 @@ def test_paged_attention_in_place(head_dim, heads, kv_heads, window, softcap):
         assert torch.equal(alone, out[picked])
 
 
+@pytest.mark.parametrize("head_dim,heads,kv_heads", [(64, 9, 3), (128, 4, 4)])
+def test_a_float16_cache_reads_as_the_float32_cache_of_its_values(head_dim, heads, kv_heads):
+    """float32 queries over a float16 cache (engine: kv_cache_dtype float16): each value widened exactly,
+    so the bits of the float32 cache holding the same values, on every instruction set and thread count,
+    and a row's bits still its own."""
+    gen = torch.Generator().manual_seed(head_dim + heads)
+    blocks, block = 40, 16
+    k_half = (torch.randn(blocks, kv_heads, block, head_dim, generator=gen) * 3).half()
+    v_half = torch.randn(blocks, kv_heads, block, head_dim, generator=gen).half()
+    tables = torch.randperm(blocks, generator=gen)[:36].view(3, 12)
+    owners = torch.tensor([0, 1, 1, 1, 2, 2])
+    positions = torch.tensor([180, 40, 41, 42, 0, 191])
+    q = torch.randn(6, heads, head_dim, generator=gen)
+    args = (tables, owners, positions, head_dim**-0.5, 0, 0.0)
+    widened = kernels.attention(q, k_half.float(), v_half.float(), *args)
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            for isa in ISAS:
+                assert torch.equal(_call(isa, "attention", q, k_half, v_half, *args), widened)
+    finally:
+        torch.set_num_threads(threads)
+    for rows in ([0], [2, 3], [5]):
+        picked = torch.tensor(rows)
+        alone = kernels.attention(
+            q[picked], k_half, v_half, tables, owners[picked], positions[picked], *args[3:]
+        )
+        assert torch.equal(alone, widened[picked])
+
+
 def test_bfloat16_attention_close_to_float32():
     gen = torch.Generator().manual_seed(3)
     k_cache = torch.randn(8, 2, 16, 64, generator=gen)

@@ -119,15 +119,15 @@ torch::Tensor silu_mul(const std::string& isa, const torch::Tensor& gate_up, boo
   return out;
 }
 
-template <class T>
-nxk::AttentionArgs<T> attention_args(const torch::Tensor& q, const torch::Tensor& k_cache,
+template <class T, class C = T>
+nxk::AttentionArgs<T, C> attention_args(const torch::Tensor& q, const torch::Tensor& k_cache,
                                      const torch::Tensor& v_cache, const torch::Tensor& tables,
                                      const torch::Tensor& owners, const torch::Tensor& positions,
                                      double scale, int64_t window, double softcap, torch::Tensor& out) {
-  return nxk::AttentionArgs<T>{
+  return nxk::AttentionArgs<T, C>{
       reinterpret_cast<const T*>(q.data_ptr()),
-      reinterpret_cast<const T*>(k_cache.data_ptr()),
-      reinterpret_cast<const T*>(v_cache.data_ptr()),
+      reinterpret_cast<const C*>(k_cache.data_ptr()),
+      reinterpret_cast<const C*>(v_cache.data_ptr()),
       tables.data_ptr<int64_t>(),
       tables.size(1),
       owners.data_ptr<int64_t>(),
@@ -143,15 +143,16 @@ nxk::AttentionArgs<T> attention_args(const torch::Tensor& q, const torch::Tensor
   };
 }
 
-// q [rows, H, d]; k_cache, v_cache [blocks, Hkv, block, d] (q's dtype); tables [R, nb] long;
+// q [rows, H, d]; k_cache, v_cache [blocks, Hkv, block, d] (q's dtype, or float16 under float32 q); tables [R, nb] long;
 // owners, positions [rows] long -> [rows, H, d] float32
 torch::Tensor attention(const std::string& isa, const torch::Tensor& q, const torch::Tensor& k_cache,
                         const torch::Tensor& v_cache, const torch::Tensor& tables, const torch::Tensor& owners,
                         const torch::Tensor& positions, double scale, int64_t window, double softcap) {
   for (const auto* t : {&q, &k_cache, &v_cache, &tables, &owners, &positions}) check_cpu(*t, "attention input");
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "attention shapes");
-  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type(),
-              "q and the cache must share a dtype");
+  const bool half_cache = q.scalar_type() == torch::kFloat32 && k_cache.scalar_type() == torch::kHalf;
+  TORCH_CHECK((q.scalar_type() == k_cache.scalar_type() || half_cache) && k_cache.scalar_type() == v_cache.scalar_type(),
+              "the cache must be in q's dtype (or float16 under float32 q), K and V alike");
   TORCH_CHECK(q.size(2) == k_cache.size(3) && q.size(2) % nxk::kLanes == 0 && q.size(2) <= nxk::kMaxHeadDim,
               "head_dim must match the cache, be a multiple of ", nxk::kLanes, " and at most ", nxk::kMaxHeadDim);
   TORCH_CHECK(q.size(1) % k_cache.size(1) == 0, "query heads must be a multiple of KV heads");
@@ -162,7 +163,11 @@ torch::Tensor attention(const std::string& isa, const torch::Tensor& q, const to
   TORCH_CHECK(owners.numel() == rows && positions.numel() == rows, "one owner and position per query row");
   auto out = torch::empty({rows, q.size(1), q.size(2)}, q.options().dtype(torch::kFloat32));
   const auto& t = table_for(isa);
-  if (q.scalar_type() == torch::kFloat32) {
+  if (half_cache) {
+    nxk::run_attention(
+        t, attention_args<float, nxk::Half>(q, k_cache, v_cache, tables, owners, positions, scale, window, softcap, out),
+        rows);
+  } else if (q.scalar_type() == torch::kFloat32) {
     nxk::run_attention(t, attention_args<float>(q, k_cache, v_cache, tables, owners, positions, scale, window, softcap, out),
                        rows);
   } else {

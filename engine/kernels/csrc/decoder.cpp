@@ -2,6 +2,7 @@
 #include "decoder.h"
 
 #include <cstring>
+#include <type_traits>
 
 #include "ops.h"
 
@@ -16,6 +17,27 @@ void check_float(const torch::Tensor& t, const char* what) {
 void check_long(const torch::Tensor& t, const char* what) {
   TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == torch::kLong, what,
               " must be a contiguous int64 CPU tensor");
+}
+
+void check_cpu(const torch::Tensor& t, const char* what) {
+  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), what, " must be a contiguous CPU tensor");
+}
+
+// one key row and one value row [d] float32 into a layer's caches at ``at``: as they are, or rounded
+// to float16 (to nearest, ties to even: what torch's .to(torch.float16) gives, so the layer-by-layer
+// path stores the same bits)
+void store_kv_row(const DecoderLayer& layer, int64_t at, const float* k, const float* v, int64_t d) {
+  if (layer.k_cache.scalar_type() == torch::kHalf) {
+    at::Half* kc = layer.k_cache.data_ptr<at::Half>() + at;
+    at::Half* vc = layer.v_cache.data_ptr<at::Half>() + at;
+    for (int64_t i = 0; i < d; ++i) {
+      kc[i] = at::Half(k[i]);
+      vc[i] = at::Half(v[i]);
+    }
+    return;
+  }
+  std::memcpy(layer.k_cache.data_ptr<float>() + at, k, d * sizeof(float));
+  std::memcpy(layer.v_cache.data_ptr<float>() + at, v, d * sizeof(float));
 }
 
 // y [M, N] = x [M, K] @ W^T through the kernel for the weight's layout
@@ -97,8 +119,14 @@ void DecoderStack::add_layer(const torch::Tensor& input_norm, const torch::Tenso
   check_float(input_norm, "input norm");
   check_float(post_norm, "post-attention norm");
   TORCH_CHECK(input_norm.numel() == hidden_ && post_norm.numel() == hidden_, "norm weights must be [hidden]");
-  check_float(k_cache, "K cache");
-  check_float(v_cache, "V cache");
+  for (const auto* cache : {&k_cache, &v_cache}) {
+    check_cpu(*cache, "KV cache");
+    TORCH_CHECK(cache->scalar_type() == torch::kFloat32 || cache->scalar_type() == torch::kHalf,
+                "KV caches must be float32 or float16");
+  }
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type() &&
+                  (layers_.empty() || layers_[0].k_cache.scalar_type() == k_cache.scalar_type()),
+              "every layer's K and V caches share one dtype");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() && k_cache.size(1) == kv_heads_ &&
                   k_cache.size(3) == head_dim_,
               "caches must be [blocks, kv_heads, block, head_dim]");
@@ -188,23 +216,31 @@ torch::Tensor DecoderStack::forward(const std::string& isa, const torch::Tensor&
       qk_src = heads_normed_.data();
       qk_stride = hk * d;
     }
-    float* kc = layer.k_cache.data_ptr<float>();
-    float* vc = layer.v_cache.data_ptr<float>();
     for (int64_t r = 0; r < rows; ++r) {
       const float* src = qk_src + r * qk_stride;
       for (int64_t hd = 0; hd < heads_; ++hd) rotate(src + hd * d, cs + r * d, sn + r * d, d, q_.data() + (r * heads_ + hd) * d);
       const int64_t b = slot[r] / block, off = slot[r] % block;
       for (int64_t g = 0; g < kv_heads_; ++g) {
         const int64_t at = ((b * kv_heads_ + g) * block + off) * d;  // [blocks, kv_heads, block, d]
-        rotate(src + q_size + g * d, cs + r * d, sn + r * d, d, kc + at);
-        std::memcpy(vc + at, qkv_.data() + r * qkv_n + q_size + kv_size + g * d, d * sizeof(float));
+        float* k_row = k_.data() + g * d;  // the rotated key, then stored in the cache's dtype
+        rotate(src + q_size + g * d, cs + r * d, sn + r * d, d, k_row);
+        store_kv_row(layer, at, k_row, qkv_.data() + r * qkv_n + q_size + kv_size + g * d, d);
       }
     }
-    const AttentionArgs<float> args{
-        q_.data(),  kc,     vc,       tables.data_ptr<int64_t>(), tables.size(1), owners.data_ptr<int64_t>(),
-        positions.data_ptr<int64_t>(), heads_, kv_heads_, d, block, static_cast<float>(scale_), window_, 0.0f,
-        attn_.data()};
-    run_attention(t, args, rows);  // [N, heads * d]
+    const auto attend = [&](const auto* kc, const auto* vc) {  // [N, heads * d] into attn_
+      using C = std::remove_cv_t<std::remove_pointer_t<decltype(kc)>>;
+      const AttentionArgs<float, C> args{
+          q_.data(),  kc,     vc,       tables.data_ptr<int64_t>(), tables.size(1), owners.data_ptr<int64_t>(),
+          positions.data_ptr<int64_t>(), heads_, kv_heads_, d, block, static_cast<float>(scale_), window_, 0.0f,
+          attn_.data()};
+      run_attention(t, args, rows);
+    };
+    if (layer.k_cache.scalar_type() == torch::kHalf) {
+      attend(reinterpret_cast<const Half*>(layer.k_cache.data_ptr<at::Half>()),
+             reinterpret_cast<const Half*>(layer.v_cache.data_ptr<at::Half>()));
+    } else {
+      attend(layer.k_cache.data_ptr<float>(), layer.v_cache.data_ptr<float>());
+    }
     apply(t, layer.o, attn_.data(), rows, tmp_.data());
     add_into(xs, tmp_.data(), rows * hidden_);
     norm(t, xs, rows, hidden_, eps_, layer.post_norm, h_.data());

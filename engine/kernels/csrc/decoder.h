@@ -26,7 +26,7 @@ struct HeldLinear {
 struct DecoderLayer {
   torch::Tensor input_norm, post_norm;  // [hidden] float32
   HeldLinear qkv, o, gate_up, down;     // [q + 2 kv, hidden], [hidden, q], [2 inter, hidden], [hidden, inter]
-  torch::Tensor k_cache, v_cache;       // [blocks, kv_heads, block, head_dim] float32
+  torch::Tensor k_cache, v_cache;       // [blocks, kv_heads, block, head_dim] float32 or float16
   torch::Tensor qkv_bias;               // [q + 2 kv] float32, or empty (no bias)
   torch::Tensor q_norm, k_norm;         // [head_dim] float32 each, or empty (no per-head norm)
 };

@@ -30,6 +30,7 @@ struct Avx2Vec {
     return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
   }
   static V load_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static V load(const Half* p) { return load_f16(reinterpret_cast<const uint16_t*>(p)); }
   static V load_i8(const int8_t* p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }

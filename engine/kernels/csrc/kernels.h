@@ -350,11 +350,12 @@ void silu_mul_rows(const T* gate_up, int64_t I, bool gelu, float* out, int64_t b
 
 // ---- attention over the paged cache, read in place ----
 
-template <class T>
+// T: the queries' type; C: the cache's (T, or float16 under float32 queries: read widened, exactly)
+template <class T, class C = T>
 struct AttentionArgs {
   const T* q;               // [rows, heads, d]
-  const T* k_cache;         // [blocks, kv_heads, block, d]
-  const T* v_cache;         // [blocks, kv_heads, block, d]
+  const C* k_cache;         // [blocks, kv_heads, block, d]
+  const C* v_cache;         // [blocks, kv_heads, block, d]
   const int64_t* tables;    // [R, table_width]: each request's block table
   int64_t table_width;
   const int64_t* owners;    // [rows]: the request (row of tables) each query row belongs to
@@ -415,17 +416,17 @@ void weighted_values_n(int64_t n, const float* p, int64_t p_stride, const int64_
 // of the keys kKeysAhead ahead (V is read again soon after, by the value pass).
 constexpr int64_t kKeysAhead = 16;
 
-template <class T>
-void prefetch_key(const AttentionArgs<T>& a, int64_t at) {
-  for (int64_t i = 0; i < a.d; i += 64 / static_cast<int64_t>(sizeof(T))) {
+template <class T, class C>
+void prefetch_key(const AttentionArgs<T, C>& a, int64_t at) {
+  for (int64_t i = 0; i < a.d; i += 64 / static_cast<int64_t>(sizeof(C))) {
     __builtin_prefetch(a.k_cache + at + i);
     __builtin_prefetch(a.v_cache + at + i);
   }
 }
 
 // work items [begin, end) of rows * kv_heads: one query row and one KV head (its group of query heads)
-template <class O, class T>
-void attention_items(const AttentionArgs<T>& a, int64_t begin, int64_t end) {
+template <class O, class T, class C = T>
+void attention_items(const AttentionArgs<T, C>& a, int64_t begin, int64_t end) {
   using V = typename O::V;
   const int64_t group = a.heads / a.kv_heads, d = a.d, nv = d / kLanes;
   const float ninf = -std::numeric_limits<float>::infinity();
@@ -453,7 +454,7 @@ void attention_items(const AttentionArgs<T>& a, int64_t begin, int64_t end) {
     for (int64_t j0 = 0; j0 < L; j0 += kLanes) {
       const int64_t nk = std::min<int64_t>(kLanes, L - j0);
       for (int64_t j = j0 + kKeysAhead; j < std::min(L, j0 + kKeysAhead + kLanes); ++j) prefetch_key(a, key_at[j]);
-      const T* kp[kLanes];
+      const C* kp[kLanes];
       for (int64_t u = 0; u < kLanes; ++u) kp[u] = a.k_cache + key_at[j0 + std::min(u, nk - 1)];
       for (int64_t h = 0; h < group; ++h) {
         const float* qh = qf.data() + h * d;
@@ -491,14 +492,14 @@ void attention_items(const AttentionArgs<T>& a, int64_t begin, int64_t end) {
       for (int64_t c = 0; c < nv; c += width) {
         const int64_t n = std::min(width, nv - c);
         const float* p = scores.data() + h0 * Lp;
-        const T* v = a.v_cache + c * kLanes;
+        const C* v = a.v_cache + c * kLanes;
         float* oc = o + h0 * d + c * kLanes;
         const float* tot = totals.data() + h0;
         switch (hp) {
-          case 4: weighted_values_n<O, T, 4>(n, p, Lp, key_at.data(), L, v, tot, oc, d); break;
-          case 3: weighted_values_n<O, T, 3>(n, p, Lp, key_at.data(), L, v, tot, oc, d); break;
-          case 2: weighted_values_n<O, T, 2>(n, p, Lp, key_at.data(), L, v, tot, oc, d); break;
-          default: weighted_values_n<O, T, 1>(n, p, Lp, key_at.data(), L, v, tot, oc, d); break;
+          case 4: weighted_values_n<O, C, 4>(n, p, Lp, key_at.data(), L, v, tot, oc, d); break;
+          case 3: weighted_values_n<O, C, 3>(n, p, Lp, key_at.data(), L, v, tot, oc, d); break;
+          case 2: weighted_values_n<O, C, 2>(n, p, Lp, key_at.data(), L, v, tot, oc, d); break;
+          default: weighted_values_n<O, C, 1>(n, p, Lp, key_at.data(), L, v, tot, oc, d); break;
         }
       }
     }

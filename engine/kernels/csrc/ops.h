@@ -131,8 +131,8 @@ void run_silu_mul(const KernelTable& t, const T* gate_up, int64_t rows, int64_t 
 // items are unequal shares of work: each thread takes the next few items from a shared counter until
 // none are left. Every item is computed alone whichever thread takes it, so the split never changes
 // a bit.
-template <class T>
-void run_attention(const KernelTable& t, const AttentionArgs<T>& a, int64_t rows) {
+template <class T, class C>
+void run_attention(const KernelTable& t, const AttentionArgs<T, C>& a, int64_t rows) {
   const int64_t items = rows * a.kv_heads;
   if (items == 0) return;
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
@@ -141,7 +141,10 @@ void run_attention(const KernelTable& t, const AttentionArgs<T>& a, int64_t rows
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     for (int64_t b = next.fetch_add(chunk); b < items; b = next.fetch_add(chunk)) {
       const int64_t e = std::min(items, b + chunk);
-      if constexpr (std::is_same_v<T, float>) {
+      if constexpr (std::is_same_v<C, Half>) {
+        static_assert(std::is_same_v<T, float>, "a float16 cache is read under float32 queries");
+        t.attention_f32_f16(a, b, e);
+      } else if constexpr (std::is_same_v<T, float>) {
         t.attention_f32(a, b, e);
       } else {
         t.attention_bf16(a, b, e);

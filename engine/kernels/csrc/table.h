@@ -16,6 +16,7 @@ struct KernelTable {
   void (*linear_bf16)(const float*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t, int64_t);
   void (*attention_f32)(const AttentionArgs<float>&, int64_t, int64_t);
   void (*attention_bf16)(const AttentionArgs<uint16_t>&, int64_t, int64_t);
+  void (*attention_f32_f16)(const AttentionArgs<float, Half>&, int64_t, int64_t);  // float16 cache
   void (*rms_norm_f32)(const float*, int64_t, float, float*, int64_t, int64_t);
   void (*rms_norm_bf16)(const uint16_t*, int64_t, float, float*, int64_t, int64_t);
   void (*softmax)(const float*, int64_t, bool, float*, int64_t, int64_t);
@@ -44,6 +45,7 @@ KernelTable make_table(const char* name) {
       &linear_panels<O, uint16_t>,
       &attention_items<O, float>,
       &attention_items<O, uint16_t>,
+      &attention_items<O, float, Half>,
       &rms_norm_rows<O, float>,
       &rms_norm_rows<O, uint16_t>,
       &softmax_rows<O>,

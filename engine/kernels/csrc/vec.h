@@ -45,8 +45,14 @@ inline float f16_to_float(uint16_t h) {
   return f;
 }
 
+// A float16 value's bits, as a KV cache may hold them (a type of its own: a bare uint16_t is bfloat16)
+struct Half {
+  uint16_t bits;
+};
+
 inline float to_float(float f) { return f; }
 inline float to_float(uint16_t h) { return bf16_to_float(h); }
+inline float to_float(Half h) { return f16_to_float(h.bits); }
 
 // Scalar lanes: the portable instantiation (any CPU, any compiler).
 struct GenericVec {
@@ -75,6 +81,7 @@ struct GenericVec {
     for (int i = 0; i < kLanes; ++i) v.l[i] = f16_to_float(p[i]);
     return v;
   }
+  static V load(const Half* p) { return load_f16(reinterpret_cast<const uint16_t*>(p)); }
   // 8 signed bytes as floats
   static V load_i8(const int8_t* p) {
     V v;
