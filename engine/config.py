@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.errors import InvalidRequestError, UnsupportedModelError
-from engine.mux.registry import ACTIVATION_MODES, DEFAULT_ACTIVATIONS, QUANTIZE_MODES
+from engine.mux.registry import ACTIVATION_MODES, DEFAULT_ACTIVATIONS, KV_CACHE_DTYPES, QUANTIZE_MODES
 from engine.spec.config import DEFAULT_SPECULATIVE_TOKENS, SpecConfig
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3")
@@ -192,6 +192,34 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         raise InvalidRequestError(f"unsupported dtype {name!r}; choose one of {', '.join(DTYPES)}") from None
 
 
+def kv_cache_dtype(setting: str, dtype: torch.dtype, holds_quantized: bool) -> torch.dtype:
+    """The KV cache's dtype for EngineConfig.kv_cache_dtype ``setting`` under a model of ``dtype``.
+
+    "auto": float16 where a float32 model holds quantized weights on the CPU kernels (``holds_quantized``:
+    that path is already a hair off the float path, and a float16 cache halves the bytes each decode row's
+    attention streams, as llama.cpp's and Ollama's default cache does), else ``dtype``: the float path
+    stays exact. A named dtype must be ``dtype`` or, under a float32 model, float16 (the kernels read a
+    float16 cache widened to float32, exactly; values are stored rounded to nearest, ties to even).
+    """
+    if setting not in KV_CACHE_DTYPES:
+        raise InvalidRequestError(
+            f"unsupported kv_cache_dtype {setting!r}; choose one of {', '.join(KV_CACHE_DTYPES)}"
+        )
+    if setting == "auto":
+        return torch.float16 if holds_quantized and dtype == torch.float32 else dtype
+    chosen = parse_dtype(setting)
+    if chosen != dtype and not (chosen == torch.float16 and dtype == torch.float32):
+        raise InvalidRequestError(
+            f"kv_cache_dtype {setting} needs a {setting} model (or float16 under float32), not {dtype_name(dtype)}"
+        )
+    return chosen
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch.float32 -> 'float32'."""
+    return str(dtype).removeprefix("torch.")
+
+
 def resolve_device(device: str) -> torch.device:
     """'auto' picks CUDA when present, else CPU."""
     if device == "auto":
@@ -219,11 +247,15 @@ class EngineConfig:
     path's, teacher-forced top-1 agreement >= 0.999 on smollm2), "float" (the float32 inputs: outputs
     equal to the float path over the dequantized weight, bit for bit; slower) or "int8" (llama.cpp's
     route: the fastest, agreement 0.97-0.99). Invariant in every mode.
+
+    ``kv_cache_dtype``: what the KV pool holds (see ``kv_cache_dtype()``): "auto" (float16 under quantized
+    weights on the CPU kernels, else ``dtype``), or a dtype by name.
     """
 
     dtype: str = "float32"
     quantize: str = "auto"
     activations: str = DEFAULT_ACTIVATIONS
+    kv_cache_dtype: str = "auto"
     device: str = "auto"
     threads: int | None = None
     batch_invariant: bool = True
@@ -248,6 +280,7 @@ class EngineConfig:
             raise InvalidRequestError(
                 f"unsupported activations {self.activations!r}; choose one of {', '.join(ACTIVATION_MODES)}"
             )
+        kv_cache_dtype(self.kv_cache_dtype, self.torch_dtype, holds_quantized=False)  # checks the pairing
         checks = {
             "block_size": self.block_size,
             "num_kv_blocks": self.num_kv_blocks,
@@ -274,3 +307,7 @@ class EngineConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return parse_dtype(self.dtype)
+
+    def kv_dtype(self, holds_quantized: bool) -> torch.dtype:
+        """The KV pool's dtype for a model that does (or does not) hold quantized weights."""
+        return kv_cache_dtype(self.kv_cache_dtype, self.torch_dtype, holds_quantized)

@@ -67,11 +67,10 @@ class Engine:
             config.quantize,
             config.activations,
         )
-        self._kv = KVCache(
-            loaded.config, config.num_kv_blocks, config.block_size, config.torch_dtype, self.device
-        )
+        kv_dtype = config.kv_dtype(self._model.holds_quantized)
+        self._kv = KVCache(loaded.config, config.num_kv_blocks, config.block_size, kv_dtype, self.device)
         self._pool = BlockPool(config.num_kv_blocks, config.block_size)
-        model_key = f"{loaded.source.path}:{config.dtype}:{config.quantize}:{config.activations}:{config.batch_invariant}"
+        model_key = f"{loaded.source.path}:{config.dtype}:{config.quantize}:{config.activations}:{kv_dtype}:{config.batch_invariant}"
         self._scheduler = Scheduler(config, self._pool, model_key)
         self._runner = ModelRunner(self._model, self._kv)
         self._requests: dict[str, Sequence] = {}
@@ -87,6 +86,11 @@ class Engine:
     @property
     def capacity_tokens(self) -> int:
         return self.config.num_kv_blocks * self.config.block_size
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """What the KV pool holds (EngineConfig.kv_cache_dtype resolved for this model)."""
+        return self._kv.keys[0].dtype
 
     def add_request(
         self,

@@ -32,11 +32,12 @@ class KVCache:
         return (first[:, None] + offsets[None, :]).reshape(-1)
 
     def write(self, layer: int, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store K/V at ``rows`` (from ``rows_of``). k, v: [T, kv_heads, head_dim]."""
+        """Store K/V at ``rows`` (from ``rows_of``). k, v: [T, kv_heads, head_dim], converted to the
+        cache's dtype (a float16 cache of a float32 model: rounded to nearest, ties to even)."""
         # index_copy_ is ~100x faster than advanced-index assignment here
-        dim = k.shape[2]
-        self.keys[layer].view(-1, dim).index_copy_(0, rows, k.reshape(-1, dim))
-        self.values[layer].view(-1, dim).index_copy_(0, rows, v.reshape(-1, dim))
+        dim, dtype = k.shape[2], self.keys[layer].dtype
+        self.keys[layer].view(-1, dim).index_copy_(0, rows, k.reshape(-1, dim).to(dtype))
+        self.values[layer].view(-1, dim).index_copy_(0, rows, v.reshape(-1, dim).to(dtype))
 
     def swap_blocks(self, a: int, b: int) -> None:
         """Exchange the contents of two blocks in every layer (fault injection only)."""

@@ -27,8 +27,14 @@ def held_weight_bytes(
     config: ModelConfig, dtype: str, quantize: str = "auto", invariant: bool = True, on_cpu: bool = True
 ) -> int:
     """Bytes of every weight a PagedLlama of ``config`` holds with these engine settings."""
-    streamed, table = _weight_bytes(config, dtype, quantize, invariant, on_cpu)
+    streamed, table, _ = _weight_bytes(config, dtype, quantize, invariant, on_cpu)
     return streamed + table
+
+
+def holds_quantized(config: ModelConfig, quantize: str = "auto", on_cpu: bool = True) -> bool:
+    """Whether a PagedLlama of ``config`` holds any linear weight quantized (PagedLlama.holds_quantized),
+    which picks its KV cache's dtype under kv_cache_dtype "auto" (engine/config.py)."""
+    return _weight_bytes(config, "float32", quantize, True, on_cpu)[2]
 
 
 def streamed_weight_bytes(
@@ -41,8 +47,9 @@ def streamed_weight_bytes(
 
 def _weight_bytes(
     config: ModelConfig, dtype: str, quantize: str, invariant: bool, on_cpu: bool
-) -> tuple[int, int]:
-    """(bytes of the linears, head and norms; bytes of a separately held embedding table)."""
+) -> tuple[int, int, bool]:
+    """(bytes of the linears, head and norms; bytes of a separately held embedding table; whether any
+    linear is held quantized)."""
     if quantize not in QUANTIZE_MODES:
         raise ValueError(f"unsupported quantize mode {quantize!r}")
     torch_dtype = parse_dtype(dtype)
@@ -51,6 +58,7 @@ def _weight_bytes(
     panel_width = (2 if dtype == "bfloat16" else 4) if packed else width
     file_types = dict(config.quantized_weights) if quantize != "none" and on_cpu else {}
     tied = config.tie_word_embeddings
+    quantized: list[str] = []  # the type of each linear held quantized
 
     def kind(name: str, k: int) -> str | None:
         if name in file_types:
@@ -62,6 +70,7 @@ def _weight_bytes(
         rows = sum(r for _, r in parts)
         only = next(iter(kinds))
         if len(kinds) == 1 and only is not None:
+            quantized.append(only)
             return packed_bytes(only, rows, k)
         return (-(-rows // PANEL) * PANEL if packed else rows) * k * panel_width
 
@@ -86,5 +95,5 @@ def _weight_bytes(
     )  # a family's q/k/v biases and per-head q/k norm weights
     embedding_kind = kind(EMBEDDING, h)
     if embedding_kind is None:
-        return total, config.vocab_size * h * width
-    return total, 0 if tied else packed_bytes(embedding_kind, config.vocab_size, h)
+        return total, config.vocab_size * h * width, bool(quantized)
+    return total, 0 if tied else packed_bytes(embedding_kind, config.vocab_size, h), bool(quantized)

@@ -174,6 +174,11 @@ class PagedLlama:
         return plain + separate + sum(lw.nbytes for lw in self.linears.values())
 
     @property
+    def holds_quantized(self) -> bool:
+        """Whether any linear weight is held quantized (on the CPU kernels)."""
+        return any(lw.quantized for lw in self.linears.values())
+
+    @property
     def quantized_types(self) -> dict[str, int]:
         """GGUF type -> how many linear weights are held in it (empty when every weight is float)."""
         counts: dict[str, int] = {}
@@ -218,11 +223,11 @@ class PagedLlama:
 
     def _decoder_stack(self, kv: KVCache) -> Any | None:
         """The C++ layer loop (engine/kernels: one call for every layer of a step) over these weights
-        and ``kv``, where it computes exactly what ``_layers`` does: float32 on the CPU kernels,
-        invariant, every linear packed for them, no fault switched on. None elsewhere."""
+        and ``kv``, where it computes exactly what ``_layers`` does: float32 on the CPU kernels (a float32
+        or float16 cache), invariant, every linear packed for them, no fault switched on. None elsewhere."""
         c = self.config
         faulty = self.faults.batch_dependent_matmul or self.faults.batch_dependent_norm
-        float32 = self.dtype == kv.keys[0].dtype == torch.float32
+        float32 = self.dtype == torch.float32 and kv.keys[0].dtype in (torch.float32, torch.float16)
         if (
             faulty
             or c.gemma_like

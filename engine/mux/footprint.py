@@ -19,7 +19,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import InvalidRequestError
-from engine.mux.registry import DTYPE_BYTES, ModelSpec
+from engine.mux.registry import ModelSpec
 
 if TYPE_CHECKING:
     from engine.config import ModelConfig
@@ -85,15 +85,6 @@ class Footprint:
         }
 
 
-def dtype_size(dtype: str) -> int:
-    try:
-        return DTYPE_BYTES[dtype]
-    except KeyError:
-        raise InvalidRequestError(
-            f"unsupported dtype {dtype!r}; choose one of {', '.join(DTYPE_BYTES)}"
-        ) from None
-
-
 def footprint_from_config(
     config: ModelConfig,
     dtype: str,
@@ -102,17 +93,21 @@ def footprint_from_config(
     activation_bytes: int,
     name: str = "",
     quantize: str = "auto",
+    kv_cache_dtype: str = "auto",
 ) -> Footprint:
     """The footprint of ``config`` as ``dtype`` (and ``quantize``), its KV pool ``num_kv_blocks`` x
-    ``block_size`` tokens, on the CPU (on a GPU quantized weights are held dequantized: "none")."""
-    from engine.models.held_weights import held_weight_bytes
+    ``block_size`` tokens in ``kv_cache_dtype``'s dtype, on the CPU (on a GPU quantized weights are held
+    dequantized: "none")."""
+    from engine.config import kv_cache_dtype as kv_dtype_of
+    from engine.config import parse_dtype
+    from engine.models.held_weights import held_weight_bytes, holds_quantized
 
     if num_kv_blocks < 1 or block_size < 1 or activation_bytes < 0:
         raise InvalidRequestError(
             "num_kv_blocks and block_size must be >= 1 and the activation allowance >= 0"
         )
-    width = dtype_size(dtype)
-    kv_per_block = 2 * config.num_layers * config.num_kv_heads * config.head_dim * block_size * width
+    kv_dtype = kv_dtype_of(kv_cache_dtype, parse_dtype(dtype), holds_quantized(config, quantize))
+    kv_per_block = block_size * config.kv_bytes_per_token(kv_dtype)
     return Footprint(
         name=name or config.name,
         dtype=dtype,
@@ -134,6 +129,7 @@ def footprint_of(
     activation_bytes: int,
     name: str = "",
     quantize: str = "auto",
+    kv_cache_dtype: str = "auto",
 ) -> Footprint:
     """Read ``source``'s config from its files (a named model, a folder or a .gguf); compute its footprint."""
     from engine.loader import resolve_model
@@ -143,7 +139,14 @@ def footprint_of(
     stamp = tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files if f.is_file())
     config = _config(resolved, stamp)
     return footprint_from_config(
-        config, dtype, num_kv_blocks, block_size, activation_bytes, name or resolved.name, quantize
+        config,
+        dtype,
+        num_kv_blocks,
+        block_size,
+        activation_bytes,
+        name or resolved.name,
+        quantize,
+        kv_cache_dtype,
     )
 
 
@@ -168,4 +171,5 @@ def footprint_of_spec(spec: ModelSpec) -> Footprint:
         spec.activation_bytes,
         spec.name,
         spec.quantize,
+        spec.kv_cache_dtype,
     )

@@ -18,6 +18,7 @@ File format (every key but ``id``, ``name`` and one of ``size_mb`` / ``source`` 
     pinned = true               # never evicted once loaded
     dtype = "float32"           # engine settings the footprint depends on
     quantize = "auto"           # auto (a GGUF's quantized weights kept), none or int8
+    kv_cache_dtype = "auto"     # auto (float16 under quantized weights, else dtype), float32, bfloat16, float16
     num_kv_blocks = 256
     block_size = 16
     activation_mb = 64          # the stated allowance for activations
@@ -50,6 +51,10 @@ QUANTIZE_MODES = ("auto", "none", "int8")  # EngineConfig.quantize (defined here
 # engine/kernels/csrc/qdot.h); int16 by default: its agreement with the float path is >= 0.99 (README)
 ACTIVATION_MODES = ("float", "int16", "int8")
 DEFAULT_ACTIVATIONS = "int16"
+# EngineConfig.kv_cache_dtype: "auto" is float16 where a float32 model holds quantized weights on the CPU
+# kernels (engine/config.py kv_cache_dtype), else the model's dtype; or one named (the model's, or float16
+# under a float32 model)
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEMO_REGISTRY = Path(__file__).resolve().parents[2] / "fixtures" / "mux-demo.toml"
 
 _INHERITED = (
@@ -58,6 +63,7 @@ _INHERITED = (
     "dtype",
     "quantize",
     "activations",
+    "kv_cache_dtype",
     "block_size",
     "num_kv_blocks",
     "activation_mb",
@@ -89,6 +95,7 @@ class ModelSpec:
     dtype: str = DEFAULT_DTYPE
     quantize: str = "auto"
     activations: str = DEFAULT_ACTIVATIONS
+    kv_cache_dtype: str = "auto"
     block_size: int = DEFAULT_BLOCK_SIZE
     num_kv_blocks: int = DEFAULT_NUM_KV_BLOCKS
     activation_bytes: int = int(DEFAULT_ACTIVATION_MB * MB)
@@ -111,6 +118,10 @@ class ModelSpec:
         if self.activations not in ACTIVATION_MODES:
             raise RegistryError(
                 f"model {self.name!r}: activations {self.activations!r} is not one of {', '.join(ACTIVATION_MODES)}"
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise RegistryError(
+                f"model {self.name!r}: kv_cache_dtype {self.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}"
             )
         for key in ("prefill_tok_s", "decode_tok_s"):
             value = getattr(self, key)
@@ -245,6 +256,7 @@ def _parse_model(
             dtype=_typed(merged, "dtype", str, DEFAULT_DTYPE, where),
             quantize=_typed(merged, "quantize", str, "auto", where),
             activations=_typed(merged, "activations", str, DEFAULT_ACTIVATIONS, where),
+            kv_cache_dtype=_typed(merged, "kv_cache_dtype", str, "auto", where),
             block_size=_typed(merged, "block_size", int, DEFAULT_BLOCK_SIZE, where),
             num_kv_blocks=_typed(merged, "num_kv_blocks", int, DEFAULT_NUM_KV_BLOCKS, where),
             activation_bytes=int(

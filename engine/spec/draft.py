@@ -101,7 +101,11 @@ class DraftProposer:
             config.activations,
         )
         self.kv = KVCache(
-            draft.config, config.num_kv_blocks, config.block_size, config.torch_dtype, self.device
+            draft.config,
+            config.num_kv_blocks,
+            config.block_size,
+            config.kv_dtype(self.model.holds_quantized),
+            self.device,
         )
         self.pool = BlockPool(config.num_kv_blocks, config.block_size)
         self.block_size = config.block_size

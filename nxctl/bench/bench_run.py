@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from engine.config import EngineConfig, ModelConfig, parse_dtype, resolve_device
+from engine.config import EngineConfig, ModelConfig, dtype_name, parse_dtype, resolve_device
 from engine.loader import LoadedModel, load_config, load_model, resolve_model
-from engine.models.held_weights import streamed_weight_bytes
+from engine.models.held_weights import holds_quantized, streamed_weight_bytes
 from engine.workload import WorkloadRequest, dataset_workload, make_workload
 from nxctl.bench import agreement
 from nxctl.bench.datasets import RANDOM, dataset_path, read_dataset
@@ -72,6 +72,7 @@ class BenchResult:
     skipped: dict[str, str] = field(default_factory=dict)  # peer or schedule -> the line said about it
     peer_info: dict[str, dict[str, Any]] = field(default_factory=dict)  # schedule -> what its driver said
     quantized_weights: bool = False  # our schedules held quantized weights (so --activations applied)
+    kv_cache_dtype: str = ""  # what our schedules' KV pools held (--kv-cache-dtype resolved)
 
 
 @dataclass
@@ -92,6 +93,10 @@ class _Context:
             "dtype": self.opts.dtype,
             "quantize": self.opts.quantize,
             "activations": self.opts.activations,
+            # a run at another dtype (--compare-dtype) or on the float path takes its own cache rule
+            "kv_cache_dtype": "auto"
+            if {"dtype", "quantize"} & overrides.keys()
+            else self.opts.kv_cache_dtype,
             "threads": self.opts.threads,
             "max_num_seqs": self.opts.max_num_seqs,
         }
@@ -274,8 +279,12 @@ QUANTIZED_AGREEMENT_REQUESTS = 16  # requests re-run on the float path for the q
 def _holds_quantized(ctx: _Context) -> bool:
     """Whether our schedules hold quantized weights: a GGUF's quantized tensors kept (--quantize auto)
     or float weights quantized at load (--quantize int8); never under --quantize none."""
-    quantize = ctx.opts.quantize
-    return quantize == "int8" or (quantize != "none" and bool(ctx.loaded.config.quantized_weights))
+    return holds_quantized(ctx.loaded.config, ctx.opts.quantize)
+
+
+def _kv_cache_dtype(ctx: _Context) -> str:
+    """The dtype our schedules' KV pools hold."""
+    return dtype_name(ctx.engine_config().kv_dtype(_holds_quantized(ctx)))
 
 
 def _quantized_agreement(ctx: _Context) -> dict[str, float]:
@@ -306,7 +315,9 @@ def _memory(ctx: _Context, notify: Callable[[str], object]) -> dict[str, float]:
     """memory_probe's figures for the run's model and settings (a fresh process), or empty if it failed."""
     opts = ctx.opts
     try:
-        figures = measure(opts.model, opts.dtype, opts.quantize, EngineConfig().num_kv_blocks)
+        figures = measure(
+            opts.model, opts.dtype, opts.quantize, EngineConfig().num_kv_blocks, opts.kv_cache_dtype
+        )
     except RuntimeError as exc:
         notify(f"bench: {exc}")
         return {}
@@ -383,6 +394,7 @@ def run_bench(
         peer_info=peer_runs.info(),
         memory=memory,
         quantized_weights=_holds_quantized(ctx),
+        kv_cache_dtype=_kv_cache_dtype(ctx),
     )
 
 

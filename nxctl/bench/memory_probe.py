@@ -1,6 +1,6 @@
 """What a model costs in memory, measured in a fresh process: RSS after import, after load, after a first request.
 
-    python -m nxctl.bench.memory_probe MODEL DTYPE QUANTIZE NUM_KV_BLOCKS   ->   one JSON line
+    python -m nxctl.bench.memory_probe MODEL DTYPE QUANTIZE NUM_KV_BLOCKS KV_CACHE_DTYPE   ->   one JSON line
 
 "After import" is taken once torch and the engine are imported and torch has run its first operation
 and loaded our kernels (the runtime's own start-up is not the model's). The model's cost is what
@@ -58,7 +58,9 @@ def _file_bytes(path: Path) -> int:
     return path.stat().st_size
 
 
-def probe(model: str, dtype: str, quantize: str, num_kv_blocks: int) -> MemoryFigures:
+def probe(
+    model: str, dtype: str, quantize: str, num_kv_blocks: int, kv_cache_dtype: str = "auto"
+) -> MemoryFigures:
     """Run the measurement in this process (call it in a fresh one: see ``measure``)."""
     import torch
 
@@ -71,7 +73,9 @@ def probe(model: str, dtype: str, quantize: str, num_kv_blocks: int) -> MemoryFi
     torch.ones(8) @ torch.ones(8)  # the runtime's first operation
     reclaim()
     before = rss_bytes()
-    llm = LLM(model, dtype=dtype, quantize=quantize, num_kv_blocks=num_kv_blocks)
+    llm = LLM(
+        model, dtype=dtype, quantize=quantize, num_kv_blocks=num_kv_blocks, kv_cache_dtype=kv_cache_dtype
+    )
     loaded = rss_bytes()
     llm.generate(["Say hello."], SamplingParams(max_tokens=8))
     after = rss_bytes()
@@ -81,9 +85,20 @@ def probe(model: str, dtype: str, quantize: str, num_kv_blocks: int) -> MemoryFi
     )
 
 
-def measure(model: str, dtype: str, quantize: str, num_kv_blocks: int) -> MemoryFigures:
+def measure(
+    model: str, dtype: str, quantize: str, num_kv_blocks: int, kv_cache_dtype: str = "auto"
+) -> MemoryFigures:
     """``probe`` in a fresh Python process (so nothing else this process holds is counted)."""
-    args = [sys.executable, "-m", "nxctl.bench.memory_probe", model, dtype, quantize, str(num_kv_blocks)]
+    args = [
+        sys.executable,
+        "-m",
+        "nxctl.bench.memory_probe",
+        model,
+        dtype,
+        quantize,
+        str(num_kv_blocks),
+        kv_cache_dtype,
+    ]
     done = subprocess.run(args, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
@@ -92,8 +107,8 @@ def measure(model: str, dtype: str, quantize: str, num_kv_blocks: int) -> Memory
 
 
 def main(argv: list[str]) -> int:
-    model, dtype, quantize, blocks = argv
-    figures = probe(model, dtype, quantize, int(blocks))
+    model, dtype, quantize, blocks, kv_cache_dtype = argv
+    figures = probe(model, dtype, quantize, int(blocks), kv_cache_dtype)
     print(json.dumps(figures.__dict__))
     return 0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from engine.config import EngineConfig, parse_dtype
+from engine.config import EngineConfig, kv_cache_dtype, parse_dtype
 from engine.errors import InvalidRequestError
 from engine.mux.registry import ACTIVATION_MODES, DEFAULT_ACTIVATIONS, QUANTIZE_MODES
 from engine.spec.config import DEFAULT_SPECULATIVE_TOKENS
@@ -38,13 +38,16 @@ class BenchOptions:
     peers_dir: Path | None = None  # where `make peers` put the subprocess peers (None: the default)
     quantize: str = "auto"  # EngineConfig.quantize for our schedules
     activations: str = DEFAULT_ACTIVATIONS  # EngineConfig.activations for our schedules
+    kv_cache_dtype: str = "auto"  # EngineConfig.kv_cache_dtype for our schedules
     dataset: str | None = None  # --workload: a fixed prompt dataset (nxctl/bench/datasets.py); None: random
     speculative: str | None = None  # cb_spec and the single request's speculative run (engine/spec)
     num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
     draft_model: str | None = None
 
     def __post_init__(self) -> None:
-        parse_dtype(self.dtype)
+        kv_cache_dtype(
+            self.kv_cache_dtype, parse_dtype(self.dtype), holds_quantized=False
+        )  # checks the pairing
         if self.quantize not in QUANTIZE_MODES:
             raise InvalidRequestError(
                 f"--quantize must be one of {', '.join(QUANTIZE_MODES)}, got {self.quantize!r}"

@@ -91,7 +91,8 @@ def title(result: BenchResult) -> str:
         return f"sched bench: {opts.model} served at {opts.url}, {workload}, concurrency {concurrency}"
     backend = cpu_kernels(result)
     activations = f", {opts.activations} activations" if result.quantized_weights else ""
-    kernel_note = f" ({backend} kernels{activations})" if backend else ""
+    kv = f", {result.kv_cache_dtype} KV cache" if result.kv_cache_dtype else ""
+    kernel_note = f" ({backend} kernels{activations}{kv})" if backend else ""
     return (
         f"sched bench: {opts.model} {opts.dtype} on {result.device}, {workload}, max {opts.max_num_seqs} "
         f"seqs, {result.threads} threads{kernel_note}, {opts.repeat} repeat(s)"

@@ -133,6 +133,7 @@ def to_json(result: BenchResult) -> dict[str, Any]:
             "kernels": cpu_kernels(result),
         },
         "quantized_weights": result.quantized_weights,
+        "kv_cache_dtype": result.kv_cache_dtype,
         "peak_rss_mb": result.peak_rss_mb,
         "wall_s": result.setup_s,
         "peers": result.peer_info,

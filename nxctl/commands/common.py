@@ -18,6 +18,11 @@ ACTIVATIONS_HELP = (
     "the float path; int8 the fastest and the furthest)."
 )
 
+KV_CACHE_DTYPE_HELP = (
+    "What the KV cache holds: auto (float16 under quantized weights on the CPU, as llama.cpp's default cache; "
+    "else the model's dtype), float32, bfloat16 or float16 (the model's dtype, or float16 under float32)."
+)
+
 SPECULATIVE_HELP = (
     "Speculative decoding, exact (outputs equal to the plain run's, bit for bit): ngram (prompt lookup) "
     "or draft (a draft model, --draft-model). Off by default."

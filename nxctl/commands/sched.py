@@ -22,7 +22,14 @@ from nxctl.bench.options import SCHEDULES, BenchOptions
 from nxctl.bench.report import footer, table, title
 from nxctl.bench.schedules import Advance
 from nxctl.bench.summary import write_json
-from nxctl.commands.common import ACTIVATIONS_HELP, DRAFT_MODEL_HELP, QUANTIZE_HELP, SPECULATIVE_HELP, fail
+from nxctl.commands.common import (
+    ACTIVATIONS_HELP,
+    DRAFT_MODEL_HELP,
+    KV_CACHE_DTYPE_HELP,
+    QUANTIZE_HELP,
+    SPECULATIVE_HELP,
+    fail,
+)
 
 app = typer.Typer(help="The scheduler measured: throughput and latency against simpler schedules and a peer.")
 
@@ -122,6 +129,7 @@ def bench(
     ] = None,
     quantize: Annotated[str, typer.Option("--quantize", help=QUANTIZE_HELP)] = "auto",
     activations: Annotated[str, typer.Option("--activations", help=ACTIVATIONS_HELP)] = DEFAULT_ACTIVATIONS,
+    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help=KV_CACHE_DTYPE_HELP)] = "auto",
     workload: Annotated[
         str,
         typer.Option(
@@ -168,6 +176,7 @@ def bench(
             peers_dir=peers_dir,
             quantize=quantize,
             activations=activations,
+            kv_cache_dtype=kv_cache_dtype,
             dataset=None if workload == "random" else workload,
             speculative=speculative,
             num_speculative_tokens=num_speculative_tokens,

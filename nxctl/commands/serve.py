@@ -15,7 +15,14 @@ import typer
 from engine.errors import InvalidRequestError
 from engine.mux.registry import DEFAULT_ACTIVATIONS
 from engine.spec.config import DEFAULT_SPECULATIVE_TOKENS
-from nxctl.commands.common import ACTIVATIONS_HELP, DRAFT_MODEL_HELP, QUANTIZE_HELP, SPECULATIVE_HELP, fail
+from nxctl.commands.common import (
+    ACTIVATIONS_HELP,
+    DRAFT_MODEL_HELP,
+    KV_CACHE_DTYPE_HELP,
+    QUANTIZE_HELP,
+    SPECULATIVE_HELP,
+    fail,
+)
 from nxctl.server.settings import DEFAULT_PORT, SeatSettings, parse_duration
 
 
@@ -45,6 +52,7 @@ def build_settings(
     cors_origins: tuple[str, ...] = (),
     faults: tuple[str, ...] = (),
     activations: str = DEFAULT_ACTIVATIONS,
+    kv_cache_dtype: str = "auto",
 ) -> SeatSettings:
     """The seat's settings from the command's options (defaults: smollm2, unless a registry is given)."""
     chosen = tuple(models) if models else (() if registry is not None else ("smollm2",))
@@ -58,6 +66,7 @@ def build_settings(
         dtype=dtype,
         quantize=quantize,
         activations=activations,
+        kv_cache_dtype=kv_cache_dtype,
         num_kv_blocks=num_kv_blocks,
         max_queue=max_queue,
         dlq_path=dlq,
@@ -179,6 +188,7 @@ def serve(
     ] = "float32",
     quantize: Annotated[str, typer.Option("--quantize", help=QUANTIZE_HELP)] = "auto",
     activations: Annotated[str, typer.Option("--activations", help=ACTIVATIONS_HELP)] = DEFAULT_ACTIVATIONS,
+    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help=KV_CACHE_DTYPE_HELP)] = "auto",
     num_kv_blocks: Annotated[
         int, typer.Option("--num-kv-blocks", help="KV pool blocks per --model model.")
     ] = 1024,
@@ -219,7 +229,7 @@ def serve(
             api_key, device, dtype, quantize, num_kv_blocks, default_max_tokens, keep_alive, max_body_mb,
             quiet, speculative=speculative, num_speculative_tokens=num_speculative_tokens,
             draft_model=draft_model, cors_origins=tuple(cors_origin or ()), faults=tuple(fault or ()),
-            activations=activations,
+            activations=activations, kv_cache_dtype=kv_cache_dtype,
         )  # fmt: skip
     except InvalidRequestError as exc:
         fail(str(exc))

@@ -64,6 +64,7 @@ def build_seat(
         settings.num_kv_blocks,
         settings.quantize,
         settings.activations,
+        settings.kv_cache_dtype,
     )
     budget = None if settings.budget_mb is None else int(settings.budget_mb * MB)
     host = ModelHost(

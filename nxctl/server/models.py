@@ -25,6 +25,7 @@ def seat_registry(
     num_kv_blocks: int = 1024,
     quantize: str = "auto",
     activations: str = DEFAULT_ACTIVATIONS,
+    kv_cache_dtype: str = "auto",
 ) -> Registry:
     """The registry file when given (``models`` must be in it), else one entry per ``--model`` (a named
     model, a model folder or a .gguf file), named as the loader names it (``tiny``, a folder's name)."""
@@ -46,6 +47,7 @@ def seat_registry(
                 dtype=dtype,
                 quantize=quantize,
                 activations=activations,
+                kv_cache_dtype=kv_cache_dtype,
                 num_kv_blocks=num_kv_blocks,
             )
         )
@@ -78,6 +80,7 @@ def make_loader(
             dtype=spec.dtype,
             quantize=spec.quantize,
             activations=spec.activations,
+            kv_cache_dtype=spec.kv_cache_dtype,
             device=device,
             num_kv_blocks=spec.num_kv_blocks,
             block_size=spec.block_size,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.config import ACTIVATION_MODES, DEFAULT_ACTIVATIONS, QUANTIZE_MODES
+from engine.config import ACTIVATION_MODES, DEFAULT_ACTIVATIONS, KV_CACHE_DTYPES, QUANTIZE_MODES
 from engine.errors import InvalidRequestError
 from engine.spec.config import DEFAULT_SPECULATIVE_TOKENS, SpecConfig
 from nxctl.server.faults import SEAT_FAULTS
@@ -67,6 +67,7 @@ class SeatSettings:
     dtype: str = "float32"
     quantize: str = "auto"
     activations: str = DEFAULT_ACTIVATIONS
+    kv_cache_dtype: str = "auto"
     num_kv_blocks: int = 1024
     max_queue: int = 256
     dlq_path: Path | None = None  # None: default_dlq_path()
@@ -107,6 +108,7 @@ class SeatSettings:
             "budget_mb": self.budget_mb is None or self.budget_mb > 0,
             "quantize": self.quantize in QUANTIZE_MODES,
             "activations": self.activations in ACTIVATION_MODES,
+            "kv_cache_dtype": self.kv_cache_dtype in KV_CACHE_DTYPES,
             "faults": all(f in SEAT_FAULTS for f in self.faults),
             "cors_origins": all(o == "*" or o.startswith(("http://", "https://")) for o in self.cors_origins),
         }

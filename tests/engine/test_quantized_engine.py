@@ -48,7 +48,9 @@ def _as_q8_0_floats(loaded: LoadedModel) -> LoadedModel:
 def test_int8_gives_the_float_paths_bits_over_the_same_values(tiny_loaded: LoadedModel):
     prompts = _prompts(tiny_loaded.config.vocab_size, 1, (1, 9, 40, 77))
     quantized = Engine(tiny_loaded, EngineConfig(quantize="int8", activations="float", num_kv_blocks=64))
-    floats = Engine(_as_q8_0_floats(tiny_loaded), EngineConfig(quantize="none", num_kv_blocks=64))
+    # the quantized run's cache is float16 (kv_cache_dtype auto); the float run's set to match
+    floats_config = EngineConfig(quantize="none", kv_cache_dtype="float16", num_kv_blocks=64)
+    floats = Engine(_as_q8_0_floats(tiny_loaded), floats_config)
     plain = Engine(tiny_loaded, EngineConfig(quantize="none", num_kv_blocks=64))
     assert quantized.snapshot().weight_bytes < plain.snapshot().weight_bytes / 2
     ours = _run(quantized, prompts, together=True)
@@ -133,7 +135,7 @@ def test_the_shipped_gguf_stays_quantized_and_matches_its_dequantized_run(smollm
     prompts = _prompts(smollm2_loaded.config.vocab_size, 3, (3, 30))
     ours = _run(quantized, prompts, together=True)
     del quantized
-    dense = Engine(smollm2_loaded, EngineConfig(quantize="none", num_kv_blocks=64))
+    dense = Engine(smollm2_loaded, EngineConfig(quantize="none", kv_cache_dtype="float16", num_kv_blocks=64))
     assert dense.snapshot().weight_bytes > 4 * file_bytes
     assert dense.snapshot().weight_bytes == held_weight_bytes(smollm2_loaded.config, "float32", "none")
     assert ours == _run(dense, prompts, together=True)

@@ -51,6 +51,8 @@ def test_model_info_tiny() -> None:
         ),
         (["run", "tiny", "hi", "--speculative", "draft", "--draft-model", "smollm2"], "vocabulary"),
         (["run", "tiny", "hi", "--speculative", "draft", "--draft-model", "no/such/dir"], "cannot be loaded"),
+        (["run", "tiny", "hi", "--kv-cache-dtype", "fp8"], "kv_cache_dtype"),
+        (["run", "tiny", "hi", "--dtype", "bfloat16", "--kv-cache-dtype", "float16"], "kv_cache_dtype"),
     ],
 )
 def test_bad_input_is_one_clear_line(args: list[str], needle: str) -> None:
