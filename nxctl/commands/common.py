@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -22,6 +22,9 @@ KV_CACHE_DTYPE_HELP = (
     "What the KV cache holds: auto (float16 under quantized weights on the CPU, as llama.cpp's default cache; "
     "else the model's dtype), float32, bfloat16 or float16 (the model's dtype, or float16 under float32)."
 )
+
+# the --kv-cache-dtype option of serve, run and sched bench (EngineConfig.kv_cache_dtype)
+KvCacheDtypeOption = Annotated[str, typer.Option("--kv-cache-dtype", help=KV_CACHE_DTYPE_HELP)]
 
 SPECULATIVE_HELP = (
     "Speculative decoding, exact (outputs equal to the plain run's, bit for bit): ngram (prompt lookup) "

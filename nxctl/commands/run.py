@@ -19,14 +19,8 @@ from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.spec.config import DEFAULT_SPECULATIVE_TOKENS
 from engine.structured import Grammar
-from nxctl.commands.common import (
-    ACTIVATIONS_HELP,
-    DRAFT_MODEL_HELP,
-    KV_CACHE_DTYPE_HELP,
-    QUANTIZE_HELP,
-    SPECULATIVE_HELP,
-    fail,
-)
+from nxctl.commands import common
+from nxctl.commands.common import ACTIVATIONS_HELP, DRAFT_MODEL_HELP, QUANTIZE_HELP, SPECULATIVE_HELP, fail
 
 
 def stream_turn(
@@ -91,7 +85,7 @@ def run(
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
     quantize: Annotated[str, typer.Option("--quantize", help=QUANTIZE_HELP)] = "auto",
     activations: Annotated[str, typer.Option("--activations", help=ACTIVATIONS_HELP)] = DEFAULT_ACTIVATIONS,
-    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help=KV_CACHE_DTYPE_HELP)] = "auto",
+    kv_cache_dtype: common.KvCacheDtypeOption = "auto",
     json_schema: Annotated[
         Path | None,
         typer.Option("--json-schema", help="A JSON Schema file the answer must validate against."),

@@ -22,14 +22,8 @@ from nxctl.bench.options import SCHEDULES, BenchOptions
 from nxctl.bench.report import footer, table, title
 from nxctl.bench.schedules import Advance
 from nxctl.bench.summary import write_json
-from nxctl.commands.common import (
-    ACTIVATIONS_HELP,
-    DRAFT_MODEL_HELP,
-    KV_CACHE_DTYPE_HELP,
-    QUANTIZE_HELP,
-    SPECULATIVE_HELP,
-    fail,
-)
+from nxctl.commands import common
+from nxctl.commands.common import ACTIVATIONS_HELP, DRAFT_MODEL_HELP, QUANTIZE_HELP, SPECULATIVE_HELP, fail
 
 app = typer.Typer(help="The scheduler measured: throughput and latency against simpler schedules and a peer.")
 
@@ -129,7 +123,7 @@ def bench(
     ] = None,
     quantize: Annotated[str, typer.Option("--quantize", help=QUANTIZE_HELP)] = "auto",
     activations: Annotated[str, typer.Option("--activations", help=ACTIVATIONS_HELP)] = DEFAULT_ACTIVATIONS,
-    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help=KV_CACHE_DTYPE_HELP)] = "auto",
+    kv_cache_dtype: common.KvCacheDtypeOption = "auto",
     workload: Annotated[
         str,
         typer.Option(

@@ -15,14 +15,8 @@ import typer
 from engine.errors import InvalidRequestError
 from engine.mux.registry import DEFAULT_ACTIVATIONS
 from engine.spec.config import DEFAULT_SPECULATIVE_TOKENS
-from nxctl.commands.common import (
-    ACTIVATIONS_HELP,
-    DRAFT_MODEL_HELP,
-    KV_CACHE_DTYPE_HELP,
-    QUANTIZE_HELP,
-    SPECULATIVE_HELP,
-    fail,
-)
+from nxctl.commands import common
+from nxctl.commands.common import ACTIVATIONS_HELP, DRAFT_MODEL_HELP, QUANTIZE_HELP, SPECULATIVE_HELP, fail
 from nxctl.server.settings import DEFAULT_PORT, SeatSettings, parse_duration
 
 
@@ -188,7 +182,7 @@ def serve(
     ] = "float32",
     quantize: Annotated[str, typer.Option("--quantize", help=QUANTIZE_HELP)] = "auto",
     activations: Annotated[str, typer.Option("--activations", help=ACTIVATIONS_HELP)] = DEFAULT_ACTIVATIONS,
-    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help=KV_CACHE_DTYPE_HELP)] = "auto",
+    kv_cache_dtype: common.KvCacheDtypeOption = "auto",
     num_kv_blocks: Annotated[
         int, typer.Option("--num-kv-blocks", help="KV pool blocks per --model model.")
     ] = 1024,

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.config import ACTIVATION_MODES, DEFAULT_ACTIVATIONS, KV_CACHE_DTYPES, QUANTIZE_MODES
+from engine.config import ACTIVATION_MODES, DEFAULT_ACTIVATIONS, DTYPES, KV_CACHE_DTYPES, QUANTIZE_MODES
+from engine.config import kv_cache_dtype as kv_cache_dtype_for
 from engine.errors import InvalidRequestError
 from engine.spec.config import DEFAULT_SPECULATIVE_TOKENS, SpecConfig
 from nxctl.server.faults import SEAT_FAULTS
@@ -108,7 +109,8 @@ class SeatSettings:
             "budget_mb": self.budget_mb is None or self.budget_mb > 0,
             "quantize": self.quantize in QUANTIZE_MODES,
             "activations": self.activations in ACTIVATION_MODES,
-            "kv_cache_dtype": self.kv_cache_dtype in KV_CACHE_DTYPES,
+            "kv_cache_dtype": self.kv_cache_dtype in KV_CACHE_DTYPES
+            and _pairs(self.kv_cache_dtype, self.dtype),
             "faults": all(f in SEAT_FAULTS for f in self.faults),
             "cors_origins": all(o == "*" or o.startswith(("http://", "https://")) for o in self.cors_origins),
         }
@@ -118,3 +120,15 @@ class SeatSettings:
         SpecConfig(self.speculative, self.num_speculative_tokens, self.draft_model)  # checks them
         if not self.models and self.registry is None:
             raise InvalidRequestError("the seat needs at least one --model or a --registry")
+
+
+def _pairs(kv_cache_dtype: str, dtype: str) -> bool:
+    """Whether a KV cache of ``kv_cache_dtype`` may serve a model of ``dtype`` (engine/config.py's rule;
+    an unknown ``dtype`` is reported as itself, not here)."""
+    if dtype not in DTYPES:
+        return True
+    try:
+        kv_cache_dtype_for(kv_cache_dtype, DTYPES[dtype], holds_quantized=False)
+    except InvalidRequestError:
+        return False
+    return True

@@ -62,6 +62,9 @@ def test_bad_options_are_one_clear_line() -> None:
     assert result.exit_code == 2 and "nxctl: error: unknown speculative method 'medusa'" in result.output
     result = runner.invoke(make_app(), ["serve", "--model", "tiny", "--speculative", "draft"])
     assert result.exit_code == 2 and "needs a draft model" in result.output
+    for kv in (["--kv-cache-dtype", "fp8"], ["--dtype", "bfloat16", "--kv-cache-dtype", "float16"]):
+        result = runner.invoke(make_app(), ["serve", "--model", "tiny", *kv])
+        assert result.exit_code == 2 and "invalid seat setting(s): kv_cache_dtype" in result.output
 
 
 def test_a_busy_port_is_a_clear_error() -> None:
