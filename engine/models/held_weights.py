@@ -9,7 +9,10 @@ through it. tests/engine/test_quantized_engine.py checks these counts against lo
 
 from __future__ import annotations
 
+import torch
+
 from engine.config import QUANTIZE_MODES, ModelConfig, dtype_bytes, parse_dtype
+from engine.config import kv_cache_dtype as kv_cache_dtype_for
 from engine.kernels.quant_pack import PANEL, packed_bytes
 from engine.quantized import BLOCK
 
@@ -35,6 +38,13 @@ def holds_quantized(config: ModelConfig, quantize: str = "auto", on_cpu: bool = 
     """Whether a PagedLlama of ``config`` holds any linear weight quantized (PagedLlama.holds_quantized),
     which picks its KV cache's dtype under kv_cache_dtype "auto" (engine/config.py)."""
     return _weight_bytes(config, "float32", quantize, True, on_cpu)[2]
+
+
+def held_kv_dtype(
+    config: ModelConfig, dtype: str, quantize: str = "auto", kv_cache_dtype: str = "auto"
+) -> torch.dtype:
+    """The dtype an engine of ``config`` with these settings (on the CPU) holds its KV pool in."""
+    return kv_cache_dtype_for(kv_cache_dtype, parse_dtype(dtype), holds_quantized(config, quantize))
 
 
 def streamed_weight_bytes(

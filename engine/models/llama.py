@@ -176,7 +176,7 @@ class PagedLlama:
     @property
     def holds_quantized(self) -> bool:
         """Whether any linear weight is held quantized (on the CPU kernels)."""
-        return any(lw.quantized for lw in self.linears.values())
+        return bool(self.quantized_types)
 
     @property
     def quantized_types(self) -> dict[str, int]:

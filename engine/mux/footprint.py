@@ -98,16 +98,15 @@ def footprint_from_config(
     """The footprint of ``config`` as ``dtype`` (and ``quantize``), its KV pool ``num_kv_blocks`` x
     ``block_size`` tokens in ``kv_cache_dtype``'s dtype, on the CPU (on a GPU quantized weights are held
     dequantized: "none")."""
-    from engine.config import kv_cache_dtype as kv_dtype_of
-    from engine.config import parse_dtype
-    from engine.models.held_weights import held_weight_bytes, holds_quantized
+    from engine.models.held_weights import held_kv_dtype, held_weight_bytes
 
     if num_kv_blocks < 1 or block_size < 1 or activation_bytes < 0:
         raise InvalidRequestError(
             "num_kv_blocks and block_size must be >= 1 and the activation allowance >= 0"
         )
-    kv_dtype = kv_dtype_of(kv_cache_dtype, parse_dtype(dtype), holds_quantized(config, quantize))
-    kv_per_block = block_size * config.kv_bytes_per_token(kv_dtype)
+    kv_per_block = block_size * config.kv_bytes_per_token(
+        held_kv_dtype(config, dtype, quantize, kv_cache_dtype)
+    )
     return Footprint(
         name=name or config.name,
         dtype=dtype,

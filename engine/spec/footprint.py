@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from engine.config import ModelConfig, parse_dtype
+from engine.config import ModelConfig
 from engine.errors import InvalidRequestError
 from engine.mux.footprint import Footprint
 from engine.mux.registry import ModelSpec
@@ -37,14 +37,11 @@ def draft_config(draft_model: str, target: ModelConfig) -> ModelConfig:
 def with_draft(footprint: Footprint, spec: ModelSpec, target: ModelConfig, draft_model: str) -> Footprint:
     """``footprint`` of ``spec`` with the draft's weights (held as the target's dtype and quantize
     say) and its KV pool counted in ``draft_bytes``."""
-    from engine.config import kv_cache_dtype
-    from engine.models.held_weights import held_weight_bytes, holds_quantized
+    from engine.models.held_weights import held_kv_dtype, held_weight_bytes
 
     draft = draft_config(draft_model, target)
     weights = held_weight_bytes(draft, spec.dtype, spec.quantize)
-    kv_dtype = kv_cache_dtype(
-        spec.kv_cache_dtype, parse_dtype(spec.dtype), holds_quantized(draft, spec.quantize)
-    )
+    kv_dtype = held_kv_dtype(draft, spec.dtype, spec.quantize, spec.kv_cache_dtype)
     kv = spec.num_kv_blocks * spec.block_size * draft.kv_bytes_per_token(kv_dtype)
     return dataclasses.replace(footprint, draft_bytes=weights + kv)
 

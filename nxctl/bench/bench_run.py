@@ -18,7 +18,7 @@ import torch
 
 from engine.config import EngineConfig, ModelConfig, dtype_name, parse_dtype, resolve_device
 from engine.loader import LoadedModel, load_config, load_model, resolve_model
-from engine.models.held_weights import holds_quantized, streamed_weight_bytes
+from engine.models.held_weights import held_kv_dtype, holds_quantized, streamed_weight_bytes
 from engine.workload import WorkloadRequest, dataset_workload, make_workload
 from nxctl.bench import agreement
 from nxctl.bench.datasets import RANDOM, dataset_path, read_dataset
@@ -284,7 +284,8 @@ def _holds_quantized(ctx: _Context) -> bool:
 
 def _kv_cache_dtype(ctx: _Context) -> str:
     """The dtype our schedules' KV pools hold."""
-    return dtype_name(ctx.engine_config().kv_dtype(_holds_quantized(ctx)))
+    opts = ctx.opts
+    return dtype_name(held_kv_dtype(ctx.loaded.config, opts.dtype, opts.quantize, opts.kv_cache_dtype))
 
 
 def _quantized_agreement(ctx: _Context) -> dict[str, float]:

@@ -9,10 +9,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from engine.config import ModelConfig, dtype_name, kv_cache_dtype, parse_dtype
+from engine.config import ModelConfig, dtype_name
 from engine.errors import InvalidRequestError, NxError
 from engine.loader import NAMED_MODELS, ModelSource, hf_cache, load_config, ollama_store, resolve_model
-from engine.models.held_weights import held_weight_bytes, holds_quantized
+from engine.models.held_weights import held_kv_dtype, held_weight_bytes
 from engine.mux.registry import QUANTIZE_MODES
 from nxctl.commands.common import QUANTIZE_HELP, fail
 
@@ -25,8 +25,7 @@ def model_info(name: str, dtype: str = "float32", quantize: str = "auto") -> dic
         raise InvalidRequestError(f"--quantize must be one of {', '.join(QUANTIZE_MODES)}, got {quantize!r}")
     source = resolve_model(name)
     config: ModelConfig = load_config(source)
-    torch_dtype = parse_dtype(dtype)
-    kv_dtype = kv_cache_dtype("auto", torch_dtype, holds_quantized(config, quantize))
+    kv_dtype = held_kv_dtype(config, dtype, quantize)
     kept = {qtype for _, qtype in config.quantized_weights} if quantize != "none" else set()
     kept |= {"Q8_0"} if quantize == "int8" else set()
     return {

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.config import ACTIVATION_MODES, DEFAULT_ACTIVATIONS, DTYPES, KV_CACHE_DTYPES, QUANTIZE_MODES
+from engine.config import ACTIVATION_MODES, DEFAULT_ACTIVATIONS, DTYPES, QUANTIZE_MODES
 from engine.config import kv_cache_dtype as kv_cache_dtype_for
 from engine.errors import InvalidRequestError
 from engine.spec.config import DEFAULT_SPECULATIVE_TOKENS, SpecConfig
@@ -109,8 +109,7 @@ class SeatSettings:
             "budget_mb": self.budget_mb is None or self.budget_mb > 0,
             "quantize": self.quantize in QUANTIZE_MODES,
             "activations": self.activations in ACTIVATION_MODES,
-            "kv_cache_dtype": self.kv_cache_dtype in KV_CACHE_DTYPES
-            and _pairs(self.kv_cache_dtype, self.dtype),
+            "kv_cache_dtype": _pairs(self.kv_cache_dtype, self.dtype),
             "faults": all(f in SEAT_FAULTS for f in self.faults),
             "cors_origins": all(o == "*" or o.startswith(("http://", "https://")) for o in self.cors_origins),
         }
