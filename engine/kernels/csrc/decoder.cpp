@@ -51,18 +51,30 @@ void apply(const KernelTable& t, const HeldLinear& w, const float* x, int64_t m,
   }
 }
 
-// h [N, D] = (x / rms(x)) * weight: the kernel's normalised rows, then one rounded product each
-void norm(const KernelTable& t, const float* x, int64_t rows, int64_t d, double eps, const torch::Tensor& weight,
-          float* h) {
-  run_rms_norm(t, x, rows, d, static_cast<float>(eps), h);
+// Rows per share when the elementwise work of a step (residual adds, norms, RoPE, cache writes) is split
+// between threads: a decode step of a few rows stays on the calling thread, a larger step is shared, so
+// the other threads no longer wait through it. Rows are independent here, so the split changes no bit.
+constexpr int64_t kRowGrain = 8;
+
+// x [N, D] += y [N, D] when y is given, then h [N, D] = (x / rms(x)) * weight: the kernel's normalised
+// rows, then one rounded product each; rows shared between threads
+void add_and_norm(const KernelTable& t, float* x, const float* y, int64_t rows, int64_t d, double eps,
+                  const torch::Tensor& weight, float* h) {
   const float* w = weight.data_ptr<float>();
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t i = 0; i < d; ++i) h[r * d + i] = h[r * d + i] * w[i];
+  at::parallel_for(0, rows, kRowGrain, [&](int64_t b, int64_t e) {
+    if (y != nullptr)
+      for (int64_t i = b * d; i < e * d; ++i) x[i] = x[i] + y[i];
+    t.rms_norm_f32(x, d, static_cast<float>(eps), h, b, e);
+    for (int64_t r = b; r < e; ++r)
+      for (int64_t i = 0; i < d; ++i) h[r * d + i] = h[r * d + i] * w[i];
+  });
 }
 
-// x [N, D] += y [N, D]
-void add_into(float* x, const float* y, int64_t count) {
-  for (int64_t i = 0; i < count; ++i) x[i] = x[i] + y[i];
+// x [N, D] += y [N, D], rows shared between threads
+void add_into(float* x, const float* y, int64_t rows, int64_t d) {
+  at::parallel_for(0, rows, kRowGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b * d; i < e * d; ++i) x[i] = x[i] + y[i];
+  });
 }
 
 // one head vector rotated (rotate-half): out[i] = x[i] cos[i] + r[i] sin[i], r = (-x[half:], x[:half]);
@@ -179,7 +191,7 @@ torch::Tensor DecoderStack::forward(const std::string& isa, const torch::Tensor&
   h_.resize(rows * hidden_);
   qkv_.resize(rows * qkv_n);
   q_.resize(rows * q_size);
-  k_.resize(rows * kv_size);
+  k_.resize(rows * kv_size);  // each row's rotated keys
   attn_.resize(rows * q_size);
   tmp_.resize(rows * hidden_);
   gate_up_.resize(rows * 2 * intermediate_);
@@ -189,13 +201,17 @@ torch::Tensor DecoderStack::forward(const std::string& isa, const torch::Tensor&
   float* xs = out.data_ptr<float>();
   const float* cs = cos.data_ptr<float>();
   const float* sn = sin.data_ptr<float>();
-  for (const DecoderLayer& layer : layers_) {
-    norm(t, xs, rows, hidden_, eps_, layer.input_norm, h_.data());
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const DecoderLayer& layer = layers_[l];
+    // the previous layer's MLP output joins the residual stream here, in one pass with this norm
+    add_and_norm(t, xs, l == 0 ? nullptr : tmp_.data(), rows, hidden_, eps_, layer.input_norm, h_.data());
     apply(t, layer.qkv, h_.data(), rows, qkv_.data());  // [N, q | k | v]
     if (layer.qkv_bias.numel() > 0) {
       const float* bias = layer.qkv_bias.data_ptr<float>();
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t i = 0; i < qkv_n; ++i) qkv_[r * qkv_n + i] = qkv_[r * qkv_n + i] + bias[i];
+      at::parallel_for(0, rows, kRowGrain, [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r)
+          for (int64_t i = 0; i < qkv_n; ++i) qkv_[r * qkv_n + i] = qkv_[r * qkv_n + i] + bias[i];
+      });
     }
     // the heads of q and k as RoPE reads them: straight from qkv, or normalised head by head
     const float* qk_src = qkv_.data();
@@ -216,17 +232,21 @@ torch::Tensor DecoderStack::forward(const std::string& isa, const torch::Tensor&
       qk_src = heads_normed_.data();
       qk_stride = hk * d;
     }
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* src = qk_src + r * qk_stride;
-      for (int64_t hd = 0; hd < heads_; ++hd) rotate(src + hd * d, cs + r * d, sn + r * d, d, q_.data() + (r * heads_ + hd) * d);
-      const int64_t b = slot[r] / block, off = slot[r] % block;
-      for (int64_t g = 0; g < kv_heads_; ++g) {
-        const int64_t at = ((b * kv_heads_ + g) * block + off) * d;  // [blocks, kv_heads, block, d]
-        float* k_row = k_.data() + g * d;  // the rotated key, then stored in the cache's dtype
-        rotate(src + q_size + g * d, cs + r * d, sn + r * d, d, k_row);
-        store_kv_row(layer, at, k_row, qkv_.data() + r * qkv_n + q_size + kv_size + g * d, d);
+    // RoPE and the cache writes, rows shared between threads (each row writes its own slot)
+    at::parallel_for(0, rows, kRowGrain, [&](int64_t row_begin, int64_t row_end) {
+      for (int64_t r = row_begin; r < row_end; ++r) {
+        const float* src = qk_src + r * qk_stride;
+        for (int64_t hd = 0; hd < heads_; ++hd)
+          rotate(src + hd * d, cs + r * d, sn + r * d, d, q_.data() + (r * heads_ + hd) * d);
+        const int64_t b = slot[r] / block, off = slot[r] % block;
+        for (int64_t g = 0; g < kv_heads_; ++g) {
+          const int64_t at = ((b * kv_heads_ + g) * block + off) * d;  // [blocks, kv_heads, block, d]
+          float* k_row = k_.data() + (r * kv_heads_ + g) * d;  // the rotated key, then stored in the cache's dtype
+          rotate(src + q_size + g * d, cs + r * d, sn + r * d, d, k_row);
+          store_kv_row(layer, at, k_row, qkv_.data() + r * qkv_n + q_size + kv_size + g * d, d);
+        }
       }
-    }
+    });
     const auto attend = [&](const auto* kc, const auto* vc) {  // [N, heads * d] into attn_
       using C = std::remove_cv_t<std::remove_pointer_t<decltype(kc)>>;
       const AttentionArgs<float, C> args{
@@ -242,13 +262,12 @@ torch::Tensor DecoderStack::forward(const std::string& isa, const torch::Tensor&
       attend(layer.k_cache.data_ptr<float>(), layer.v_cache.data_ptr<float>());
     }
     apply(t, layer.o, attn_.data(), rows, tmp_.data());
-    add_into(xs, tmp_.data(), rows * hidden_);
-    norm(t, xs, rows, hidden_, eps_, layer.post_norm, h_.data());
+    add_and_norm(t, xs, tmp_.data(), rows, hidden_, eps_, layer.post_norm, h_.data());
     apply(t, layer.gate_up, h_.data(), rows, gate_up_.data());  // [N, gate | up]
     run_silu_mul(t, gate_up_.data(), rows, intermediate_, act_.data());
-    apply(t, layer.down, act_.data(), rows, tmp_.data());
-    add_into(xs, tmp_.data(), rows * hidden_);
+    apply(t, layer.down, act_.data(), rows, tmp_.data());  // joins the stream at the next layer's norm
   }
+  add_into(xs, tmp_.data(), rows, hidden_);  // the last layer's MLP output
   return out;
 }
 
