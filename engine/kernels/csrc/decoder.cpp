@@ -23,21 +23,25 @@ void check_cpu(const torch::Tensor& t, const char* what) {
   TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), what, " must be a contiguous CPU tensor");
 }
 
-// one key row and one value row [d] float32 into a layer's caches at ``at``: as they are, or rounded
-// to float16 (to nearest, ties to even: what torch's .to(torch.float16) gives, so the layer-by-layer
-// path stores the same bits)
-void store_kv_row(const DecoderLayer& layer, int64_t at, const float* k, const float* v, int64_t d) {
+// d float32 values into a cache row: as they are, or rounded to float16 (to nearest, ties to even: what
+// torch's .to(torch.float16) gives, so the layer-by-layer path stores the same bits)
+void store_row(float* dst, const float* src, int64_t d) { std::memcpy(dst, src, d * sizeof(float)); }
+void store_row(at::Half* dst, const float* src, int64_t d) {
+  for (int64_t i = 0; i < d; ++i) dst[i] = at::Half(src[i]);
+}
+
+// a cache as the attention kernels read it (float16 as nxk::Half: its bits, widened in the kernels)
+const float* kernel_view(const float* cache) { return cache; }
+const Half* kernel_view(const at::Half* cache) { return reinterpret_cast<const Half*>(cache); }
+
+// fn(k, v) with a layer's caches as typed pointers (float* or at::Half*), resolved once per layer
+template <class F>
+void with_caches(const DecoderLayer& layer, const F& fn) {
   if (layer.k_cache.scalar_type() == torch::kHalf) {
-    at::Half* kc = layer.k_cache.data_ptr<at::Half>() + at;
-    at::Half* vc = layer.v_cache.data_ptr<at::Half>() + at;
-    for (int64_t i = 0; i < d; ++i) {
-      kc[i] = at::Half(k[i]);
-      vc[i] = at::Half(v[i]);
-    }
-    return;
+    fn(layer.k_cache.data_ptr<at::Half>(), layer.v_cache.data_ptr<at::Half>());
+  } else {
+    fn(layer.k_cache.data_ptr<float>(), layer.v_cache.data_ptr<float>());
   }
-  std::memcpy(layer.k_cache.data_ptr<float>() + at, k, d * sizeof(float));
-  std::memcpy(layer.v_cache.data_ptr<float>() + at, v, d * sizeof(float));
 }
 
 // y [M, N] = x [M, K] @ W^T through the kernel for the weight's layout
@@ -56,14 +60,18 @@ void apply(const KernelTable& t, const HeldLinear& w, const float* x, int64_t m,
 // the other threads no longer wait through it. Rows are independent here, so the split changes no bit.
 constexpr int64_t kRowGrain = 8;
 
+// rows [b, e) of x [N, D] += y [N, D]
+void add_rows(float* x, const float* y, int64_t d, int64_t b, int64_t e) {
+  for (int64_t i = b * d; i < e * d; ++i) x[i] = x[i] + y[i];
+}
+
 // x [N, D] += y [N, D] when y is given, then h [N, D] = (x / rms(x)) * weight: the kernel's normalised
 // rows, then one rounded product each; rows shared between threads
 void add_and_norm(const KernelTable& t, float* x, const float* y, int64_t rows, int64_t d, double eps,
                   const torch::Tensor& weight, float* h) {
   const float* w = weight.data_ptr<float>();
   at::parallel_for(0, rows, kRowGrain, [&](int64_t b, int64_t e) {
-    if (y != nullptr)
-      for (int64_t i = b * d; i < e * d; ++i) x[i] = x[i] + y[i];
+    if (y != nullptr) add_rows(x, y, d, b, e);
     t.rms_norm_f32(x, d, static_cast<float>(eps), h, b, e);
     for (int64_t r = b; r < e; ++r)
       for (int64_t i = 0; i < d; ++i) h[r * d + i] = h[r * d + i] * w[i];
@@ -72,9 +80,7 @@ void add_and_norm(const KernelTable& t, float* x, const float* y, int64_t rows, 
 
 // x [N, D] += y [N, D], rows shared between threads
 void add_into(float* x, const float* y, int64_t rows, int64_t d) {
-  at::parallel_for(0, rows, kRowGrain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b * d; i < e * d; ++i) x[i] = x[i] + y[i];
-  });
+  at::parallel_for(0, rows, kRowGrain, [&](int64_t b, int64_t e) { add_rows(x, y, d, b, e); });
 }
 
 // one head vector rotated (rotate-half): out[i] = x[i] cos[i] + r[i] sin[i], r = (-x[half:], x[:half]);
@@ -232,35 +238,31 @@ torch::Tensor DecoderStack::forward(const std::string& isa, const torch::Tensor&
       qk_src = heads_normed_.data();
       qk_stride = hk * d;
     }
-    // RoPE and the cache writes, rows shared between threads (each row writes its own slot)
-    at::parallel_for(0, rows, kRowGrain, [&](int64_t row_begin, int64_t row_end) {
-      for (int64_t r = row_begin; r < row_end; ++r) {
-        const float* src = qk_src + r * qk_stride;
-        for (int64_t hd = 0; hd < heads_; ++hd)
-          rotate(src + hd * d, cs + r * d, sn + r * d, d, q_.data() + (r * heads_ + hd) * d);
-        const int64_t b = slot[r] / block, off = slot[r] % block;
-        for (int64_t g = 0; g < kv_heads_; ++g) {
-          const int64_t at = ((b * kv_heads_ + g) * block + off) * d;  // [blocks, kv_heads, block, d]
-          float* k_row = k_.data() + (r * kv_heads_ + g) * d;  // the rotated key, then stored in the cache's dtype
-          rotate(src + q_size + g * d, cs + r * d, sn + r * d, d, k_row);
-          store_kv_row(layer, at, k_row, qkv_.data() + r * qkv_n + q_size + kv_size + g * d, d);
+    with_caches(layer, [&](auto* kc, auto* vc) {
+      // RoPE and the cache writes, rows shared between threads (each row writes its own slot)
+      at::parallel_for(0, rows, kRowGrain, [&](int64_t row_begin, int64_t row_end) {
+        for (int64_t r = row_begin; r < row_end; ++r) {
+          const float* src = qk_src + r * qk_stride;
+          for (int64_t hd = 0; hd < heads_; ++hd)
+            rotate(src + hd * d, cs + r * d, sn + r * d, d, q_.data() + (r * heads_ + hd) * d);
+          const int64_t b = slot[r] / block, off = slot[r] % block;
+          for (int64_t g = 0; g < kv_heads_; ++g) {
+            const int64_t at = ((b * kv_heads_ + g) * block + off) * d;  // [blocks, kv_heads, block, d]
+            float* k_row = k_.data() + (r * kv_heads_ + g) * d;  // the rotated key, then stored in the cache's dtype
+            rotate(src + q_size + g * d, cs + r * d, sn + r * d, d, k_row);
+            store_row(kc + at, k_row, d);
+            store_row(vc + at, qkv_.data() + r * qkv_n + q_size + kv_size + g * d, d);
+          }
         }
-      }
-    });
-    const auto attend = [&](const auto* kc, const auto* vc) {  // [N, heads * d] into attn_
-      using C = std::remove_cv_t<std::remove_pointer_t<decltype(kc)>>;
+      });
+      const auto k_view = kernel_view(kc);  // [N, heads * d] into attn_
+      using C = std::remove_cv_t<std::remove_pointer_t<decltype(k_view)>>;
       const AttentionArgs<float, C> args{
-          q_.data(),  kc,     vc,       tables.data_ptr<int64_t>(), tables.size(1), owners.data_ptr<int64_t>(),
+          q_.data(), k_view, kernel_view(vc), tables.data_ptr<int64_t>(), tables.size(1), owners.data_ptr<int64_t>(),
           positions.data_ptr<int64_t>(), heads_, kv_heads_, d, block, static_cast<float>(scale_), window_, 0.0f,
           attn_.data()};
       run_attention(t, args, rows);
-    };
-    if (layer.k_cache.scalar_type() == torch::kHalf) {
-      attend(reinterpret_cast<const Half*>(layer.k_cache.data_ptr<at::Half>()),
-             reinterpret_cast<const Half*>(layer.v_cache.data_ptr<at::Half>()));
-    } else {
-      attend(layer.k_cache.data_ptr<float>(), layer.v_cache.data_ptr<float>());
-    }
+    });
     apply(t, layer.o, attn_.data(), rows, tmp_.data());
     add_and_norm(t, xs, tmp_.data(), rows, hidden_, eps_, layer.post_norm, h_.data());
     apply(t, layer.gate_up, h_.data(), rows, gate_up_.data());  // [N, gate | up]
