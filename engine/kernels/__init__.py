@@ -139,6 +139,12 @@ def qlinear(x: torch.Tensor, packed: torch.Tensor, fmt: int, n: int) -> torch.Te
     return _run("qlinear", x.float().contiguous(), packed, fmt, n)
 
 
+def quantized_rows(packed: torch.Tensor, fmt: int, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ``ids`` [T] of a packed quantized weight (quant_pack.py) as [T, K] float32: an embedding
+    lookup read in place from the tiles; the values of quant_pack.unpack_quantized, exactly."""
+    return _run("quantized_rows", packed, fmt, ids.long().contiguous())
+
+
 def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x [T, D] -> x / sqrt(mean(x^2) + eps), [T, D] float32, row by row."""
     return _run("rms_norm", _float_input(x), eps)

@@ -41,6 +41,13 @@ def qlinear(x: torch.Tensor, packed: torch.Tensor, fmt: int, n: int) -> torch.Te
     return _rows_times(x, unpack_quantized(packed, fmt, n))
 
 
+def quantized_rows(packed: torch.Tensor, fmt: int, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ``ids`` [T] of a packed quantized weight as [T, K] float32 (quant_pack's torch lookup)."""
+    from engine.kernels.quant_pack import quantized_rows as lookup
+
+    return lookup(packed, fmt, ids)
+
+
 def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x [T, D] -> x / rms(x), [T, D] float32, row by row."""
     rows = x.float()

@@ -220,6 +220,8 @@ def unpack_quantized(packed: torch.Tensor, fmt: int, n: int) -> torch.Tensor:
 
 def quantized_rows(packed: torch.Tensor, fmt: int, ids: torch.Tensor) -> torch.Tensor:
     """Rows ``ids`` [T] long of the weight, dequantized: [T, K] float32 (an embedding lookup)."""
+    if ids.numel() == 0:  # (the layout's reshapes cannot infer a width from no rows)
+        return torch.empty(0, packed.shape[1] * BLOCK)
     scale, m, q = _tile_parts(packed[ids // PANEL], fmt)  # [T, nb, 32, 16], [T, nb, 1, 16], [T, nb, 32, 16]
     col = (ids % PANEL).view(-1, 1, 1, 1)
     scale = scale.gather(3, col.expand(-1, scale.shape[1], BLOCK, 1))  # [T, nb, 32, 1]

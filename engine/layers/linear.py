@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import kernels
-from engine.kernels.quant_pack import pack_quantized, quantized_rows, unpack_quantized
+from engine.kernels.quant_pack import pack_quantized, unpack_quantized
 from engine.quantized import QuantizedWeight
 
 CHUNK_COLUMNS = 16
@@ -122,7 +122,7 @@ class LinearWeight:
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` [T] of the weight as [T, K] in ``dtype``: an embedding lookup in a tied head."""
         if self.quantized:
-            return quantized_rows(self.data, self.format, ids).to(self.dtype)
+            return kernels.quantized_rows(self.data, self.format, ids).to(self.dtype)  # held on the CPU
         return self.dense()[ids]
 
     def replace(self, weight: torch.Tensor) -> None:

@@ -4,6 +4,7 @@
 
 #include "decoder.h"
 #include "ops.h"
+#include "quantized_rows.h"
 
 namespace {
 
@@ -69,6 +70,25 @@ torch::Tensor qlinear(const std::string& isa, const torch::Tensor& x, const torc
   nxk::run_qlinear(table_for(isa), x.data_ptr<float>(), m, k, packed.data_ptr<uint8_t>(), format, n,
                    y.data_ptr<float>());
   return y;
+}
+
+// packed [P, K / 32, tile bytes] uint8 in ``format``; ids [T] long, each < P * 16 -> rows [T, K] float32
+// (the instruction set does not matter: the values are exact in any)
+torch::Tensor quantized_rows(const std::string&, const torch::Tensor& packed, int64_t format, const torch::Tensor& ids) {
+  check_cpu(packed, "packed weight");
+  check_cpu(ids, "ids");
+  TORCH_CHECK(format >= nxk::kQ8 && format <= nxk::kQ8SW, "unknown quantized format ", format);
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == torch::kUInt8 && packed.size(2) == nxk::tile_bytes(format),
+              "packed weight must be [P, K / 32, ", nxk::tile_bytes(format), "] uint8");
+  TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == torch::kLong, "ids must be [T] long");
+  const int64_t rows = ids.size(0), k = packed.size(1) * nxk::kQBlock, limit = packed.size(0) * nxk::kPanel;
+  const int64_t* id = ids.data_ptr<int64_t>();
+  for (int64_t t = 0; t < rows; ++t) TORCH_CHECK(id[t] >= 0 && id[t] < limit, "row ", id[t], " outside the weight's ", limit);
+  auto out = torch::empty({rows, k}, torch::kFloat32);
+  const uint8_t* data = packed.data_ptr<uint8_t>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, rows, 64, [&](int64_t b, int64_t e) { nxk::quantized_rows(data, format, k, id, o, b, e); });
+  return out;
 }
 
 // x [T, D] float32 or bfloat16 -> x / rms(x) [T, D] float32
@@ -186,6 +206,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cpu_has_avx512", &cpu_has_avx512, "whether this CPU has AVX512F besides AVX2, FMA and F16C");
   m.def("linear", &linear, "y = x @ W^T over a packed [P, K, 16] weight, float32 out");
   m.def("qlinear", &qlinear, "y = x @ W^T over a packed quantized weight (quantized.h), float32 out");
+  m.def("quantized_rows", &quantized_rows, "rows of a packed quantized weight as float32 (an embedding lookup)");
   m.def("rms_norm", &rms_norm, "x / rms(x) per row, float32 out");
   m.def("softmax", &softmax, "softmax or log-softmax per row");
   m.def("silu_mul", &silu_mul, "silu(gate) * up (or GELU-tanh) per row of [gate | up]");

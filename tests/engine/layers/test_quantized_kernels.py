@@ -123,6 +123,33 @@ def test_a_rows_output_is_the_same_alone_among_others_and_at_any_thread_count(qt
         torch.set_num_threads(saved)
 
 
+@pytest.mark.parametrize("activations", ["float", "int8", "int16"])
+@pytest.mark.parametrize(("qtype", "shape"), CASES)
+def test_the_kernels_row_lookup_reads_gguf_values_in_every_layout(
+    qtype: str, shape: tuple[int, int], activations: str
+):
+    """kernels.quantized_rows (an embedding lookup read from the tiles in place) gives gguf's dequantized
+    rows in the float layout and in both dot layouts: the same values as the torch lookup."""
+    n = shape[0]
+    qw = _quantized(qtype, *shape, seed=31)
+    fmt, packed = pack_quantized(qw, activations)
+    ids = torch.tensor([0, n - 1, n // 2, 15 % n, n - 1, 0, (7 * n) // 9])
+    got = kernels.quantized_rows(packed, fmt, ids)
+    assert got.dtype == torch.float32 and got.shape == (len(ids), shape[1])
+    assert torch.equal(got, qw.dequantize()[ids])
+    assert torch.equal(got, quantized_rows(packed, fmt, ids))
+    assert kernels.quantized_rows(packed, fmt, torch.empty(0, dtype=torch.long)).shape == (0, shape[1])
+
+
+def test_the_row_lookup_refuses_rows_outside_the_weight():
+    fmt, packed = pack_quantized(_quantized("Q8_0", 20, 64, seed=32))
+    if kernels.backend().module is None:
+        pytest.skip("the portable lookup indexes with torch (an IndexError of its own)")
+    for bad in (32, -1):  # 20 rows are held in two panels of 16: rows 0..31 exist, padding included
+        with pytest.raises(RuntimeError, match="outside the weight"):
+            kernels.quantized_rows(packed, fmt, torch.tensor([0, bad]))
+
+
 def test_no_rows_and_bad_inputs():
     qw = _quantized("Q4_1", 20, 64, seed=6)
     fmt, packed = pack_quantized(qw)
