@@ -136,14 +136,11 @@ void qdot_panels_vnni(const QActsOf<Q>& a, int64_t M, int64_t K, const uint8_t* 
   for (int64_t m0 = 0; m0 < M; m0 += kDotRowBlock<Q>) {
     const int64_t m1 = std::min(M, m0 + kDotRowBlock<Q>);
     for (int64_t p = panel_begin; p < panel_end;) {
-      const int64_t left = panel_end - p;
-      const int64_t P = M <= kStreamRows ? 1 : std::min<int64_t>(2, left);
+      const int64_t P = M <= kStreamRows ? 1 : std::min<int64_t>(2, panel_end - p);
       const uint8_t* panel = packed + p * panel_bytes;
       for (int64_t m = m0; m < m1; m += kDotRows) {
         const int64_t rows = std::min(kDotRows, m1 - m);
-        if (P == 4) {
-          dot_rows<F, 4, Q>(rows, a, K, panel, panel_bytes, m, y, N, p * kPanel);
-        } else if (P == 2) {
+        if (P == 2) {
           dot_rows<F, 2, Q>(rows, a, K, panel, panel_bytes, m, y, N, p * kPanel);
         } else {
           dot_rows<F, 1, Q>(rows, a, K, panel, panel_bytes, m, y, N, p * kPanel);

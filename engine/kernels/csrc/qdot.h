@@ -47,6 +47,15 @@ constexpr int64_t scale_bytes(int format) {  // the tile's header before its qua
   return format == kQ8 ? kScaleBytes : format == kQ4 ? 2 * kScaleBytes : 2 * kWideScaleBytes;
 }
 
+// The quant of column c at k (0..31) of a tile's quants in the dot layout of base format F.
+template <int F>
+inline int32_t dot_quant(const uint8_t* quants, int64_t k, int64_t c) {
+  const int64_t j = k / 4, i = k % 4;  // quad j, its input i
+  if constexpr (F == kQ8 || F == kQ8S) return static_cast<int8_t>(quants[(j * kPanel + c) * 4 + i] ^ 0x80);
+  const uint8_t byte = quants[((j % 4) * kPanel + c) * 4 + i];
+  return j < 4 ? byte & 0x0F : byte >> 4;
+}
+
 // A step's rows quantized (see the top of this file): q [M, K] int8 or int16, d [M, K / 32], s [M, K / 16].
 template <class Q>
 struct QActsOf {
@@ -118,24 +127,10 @@ void qdot_panels(const QActsOf<Q>& a, int64_t M, int64_t K, const uint8_t* packe
         for (int64_t c = 0; c < cols; ++c) {
           int32_t half[2] = {0, 0};
           for (int64_t j = 0; j < kQuads; ++j)
-            for (int64_t i = 0; i < 4; ++i) {
-              int32_t w;
-              if constexpr (F == kQ8 || F == kQ8S) {
-                w = static_cast<int8_t>(quants[(j * kPanel + c) * 4 + i] ^ 0x80);
-              } else {
-                const uint8_t byte = quants[((j % 4) * kPanel + c) * 4 + i];
-                w = j < 4 ? byte & 0x0F : byte >> 4;
-              }
-              half[j / (kQuads / 2)] += w * xq[j * 4 + quad_slot<Q>(i)];
-            }
-          float d0, d1;  // Q4, Q4S: d and m; Q8S: the two halves' scales
-          if constexpr (F == kQ4S || F == kQ8S) {
-            d0 = reinterpret_cast<const float*>(tile)[c];
-            d1 = reinterpret_cast<const float*>(tile)[kPanel + c];
-          } else {
-            d0 = f16_to_float(reinterpret_cast<const uint16_t*>(tile)[c]);
-            d1 = F == kQ4 ? f16_to_float(reinterpret_cast<const uint16_t*>(tile)[kPanel + c]) : 0.0f;
-          }
+            for (int64_t i = 0; i < 4; ++i)
+              half[j / (kQuads / 2)] += dot_quant<F>(quants, j * 4 + i, c) * xq[j * 4 + quad_slot<Q>(i)];
+          // Q4, Q4S: d and m; Q8S: the two halves' scales
+          const float d0 = tile_field<F>(tile, 0, c), d1 = tile_field<F>(tile, 1, c);
           if constexpr (F == kQ8S) {
             acc[c] = std::fma(d0 * dx, static_cast<float>(half[0]), acc[c]);
             acc[c] = std::fma(d1 * dx, static_cast<float>(half[1]), acc[c]);

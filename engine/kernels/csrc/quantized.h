@@ -40,6 +40,25 @@ constexpr int64_t tile_bytes(int64_t format) {
                      : 2 * kWideScaleBytes + kQBlock * kPanel;
 }
 
+// One field of a tile's header for column c (the same bytes in the dot layouts): which = 0 its scale
+// d, which = 1 its second field (Q4, Q4S: the min m; Q8S: the scale of k 16..31; Q8: none, 0)
+template <int F>
+inline float tile_field(const uint8_t* tile, int which, int64_t c) {
+  if constexpr (F == kQ4S || F == kQ8S) return reinterpret_cast<const float*>(tile)[which * kPanel + c];
+  if constexpr (F == kQ8) {
+    if (which == 1) return 0.0f;
+  }
+  return f16_to_float(reinterpret_cast<const uint16_t*>(tile)[which * kPanel + c]);
+}
+
+// The quant of column c at k (0..31) of a tile's quants, in this file's layout.
+template <int F>
+inline int32_t tile_quant(const uint8_t* quants, int64_t k, int64_t c) {
+  if constexpr (F == kQ8 || F == kQ8S) return reinterpret_cast<const int8_t*>(quants)[k * kPanel + c];
+  const uint8_t byte = quants[k * (kPanel / 2) + c % 8];
+  return c < 8 ? byte & 0x0F : byte >> 4;
+}
+
 // One tile's scales in registers; ``at(kk)`` gives row kk's 16 weights as two vectors.
 template <class O, int F>
 struct QTile {
