@@ -20,9 +20,19 @@ namespace nxk {
 namespace {
 
 constexpr int64_t kDotRows = 4;  // rows per register tile with two panels (16 sums + 8 accumulators)
-// rows whose inputs stay in L1 while a block's panels go by (int16 inputs take twice the bytes)
+// A block of rows meets each panel group in turn, all its row tiles one after another. A thread whose
+// panels fit in L2 takes blocks of rows whose inputs stay in L1 (int16 inputs take twice the bytes) and
+// reads its panels again, from L2, for every block. Larger panels (a vocabulary head) would come from
+// memory again for every block: the block is then every row (up to kL2InputBytes of quantized inputs,
+// rows x K x sizeof(Q)), read from L2.
+constexpr int64_t kL2Bytes = 1024 * 1024;
+constexpr int64_t kL2InputBytes = 256 * 1024;
 template <class Q>
-constexpr int64_t kDotRowBlock = sizeof(Q) == 1 ? 16 : 8;
+int64_t dot_row_block(int64_t K, int64_t panels_bytes) {
+  if (panels_bytes <= kL2Bytes) return sizeof(Q) == 1 ? 16 : 8;
+  const int64_t rows = kL2InputBytes / (K * static_cast<int64_t>(sizeof(Q)));
+  return std::max<int64_t>(kDotRows, rows / kDotRows * kDotRows);
+}
 
 // panel p's 16 scales (Q4, Q4S: which = 1 gives the mins; Q8S: the second half block's scales)
 template <int F>
@@ -127,14 +137,15 @@ void dot_rows(int64_t rows, const QActsOf<Q>& a, int64_t K, const uint8_t* panel
 // (smollm2's 121 quantized linears at one row; the machine reads ~33 GB/s); from cache they are ~15% faster.
 constexpr int64_t kStreamRows = 8;
 
-// Column panels [panel_begin, panel_end): rows by blocks (their inputs stay in L1), panels one at a time
-// for up to kStreamRows rows, else two side by side, each group of panels met by the block's row tiles in turn.
+// Column panels [panel_begin, panel_end): rows by blocks (dot_row_block), panels one at a time for up to
+// kStreamRows rows, else two side by side, each group of panels met by the block's row tiles in turn.
 template <int F, class Q>
 void qdot_panels_vnni(const QActsOf<Q>& a, int64_t M, int64_t K, const uint8_t* packed, int64_t N, float* y,
                       int64_t panel_begin, int64_t panel_end) {
   const int64_t panel_bytes = K / kQBlock * tile_bytes(F);
-  for (int64_t m0 = 0; m0 < M; m0 += kDotRowBlock<Q>) {
-    const int64_t m1 = std::min(M, m0 + kDotRowBlock<Q>);
+  const int64_t row_block = dot_row_block<Q>(K, (panel_end - panel_begin) * panel_bytes);
+  for (int64_t m0 = 0; m0 < M; m0 += row_block) {
+    const int64_t m1 = std::min(M, m0 + row_block);
     for (int64_t p = panel_begin; p < panel_end;) {
       const int64_t P = M <= kStreamRows ? 1 : std::min<int64_t>(2, panel_end - p);
       const uint8_t* panel = packed + p * panel_bytes;

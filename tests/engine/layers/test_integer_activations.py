@@ -84,6 +84,22 @@ def test_bits_equal_in_every_instruction_set_at_every_row_count(qtype: str, mode
 
 
 @pytest.mark.parametrize("mode", INTEGER_MODES)
+def test_bits_equal_over_a_vocabulary_sized_weight(mode: str):
+    """A thread's share of a weight larger than L2 (a vocabulary head) is read once for all the rows, in
+    another loop order than a layer's: the same bits as the generic build, alone or with other rows, on
+    one thread or two."""
+    n, k = 8192, 256  # Q8_0: 2.2 MB, over 1 MB a thread at two threads
+    fmt, packed = pack_quantized(_quantized("Q8_0", n, k, seed=31), mode)
+    saved = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            assert_generic_bits_everywhere(packed, fmt, n, k, (1, 7, 16, 45), seed=32)
+    finally:
+        torch.set_num_threads(saved)
+
+
+@pytest.mark.parametrize("mode", INTEGER_MODES)
 def test_every_instruction_set_quantizes_extreme_inputs_alike(mode: str):
     """The input quantizer (scalar, and 16 lanes on AVX-512) on rows with NaN, infinities, zeros,
     subnormals, huge values and exact ties: every build's outputs have the generic build's bits."""
