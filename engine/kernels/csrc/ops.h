@@ -136,7 +136,9 @@ void run_attention(const KernelTable& t, const AttentionArgs<T, C>& a, int64_t r
   const int64_t items = rows * a.kv_heads;
   if (items == 0) return;
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
-  const int64_t chunk = std::max<int64_t>(1, items / (threads * 16));  // 16 claims a thread: a short tail
+  // whole rows, about 16 claims a thread (a short tail); within a claim the kernel reads the next
+  // item's keys ahead, and a row's KV heads sit side by side in each cache block
+  const int64_t chunk = a.kv_heads * std::max<int64_t>(1, rows / (threads * 16));
   std::atomic<int64_t> next{0};
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     for (int64_t b = next.fetch_add(chunk); b < items; b = next.fetch_add(chunk)) {
