@@ -420,20 +420,13 @@ void weighted_values_n(int64_t n, const float* p, int64_t p_stride, const int64_
 constexpr int64_t kKeysAhead = 16;
 constexpr int64_t kKeysAheadL2 = 64;
 
-template <class T, class C>
+// The K and V rows of the key at ``at``: into L1 (Locality 3), or into L2 only (2: keys far ahead, so
+// L1 keeps the ones about to be read)
+template <int Locality = 3, class T, class C>
 void prefetch_key(const AttentionArgs<T, C>& a, int64_t at) {
   for (int64_t i = 0; i < a.d; i += 64 / static_cast<int64_t>(sizeof(C))) {
-    __builtin_prefetch(a.k_cache + at + i);
-    __builtin_prefetch(a.v_cache + at + i);
-  }
-}
-
-// The same into L2 only (a later item's keys: far ahead, so L1 keeps the current item's)
-template <class T, class C>
-void prefetch_key_to_l2(const AttentionArgs<T, C>& a, int64_t at) {
-  for (int64_t i = 0; i < a.d; i += 64 / static_cast<int64_t>(sizeof(C))) {
-    __builtin_prefetch(a.k_cache + at + i, 0, 2);
-    __builtin_prefetch(a.v_cache + at + i, 0, 2);
+    __builtin_prefetch(a.k_cache + at + i, 0, Locality);
+    __builtin_prefetch(a.v_cache + at + i, 0, Locality);
   }
 }
 
@@ -486,6 +479,9 @@ void attention_items(const AttentionArgs<T, C>& a, int64_t begin, int64_t end) {
   std::vector<float> qf(group * d), scores;
   std::vector<int64_t> key_at, next_at;  // the keys of this item and of the next (item_keys)
   std::vector<float> totals(group);  // each head's softmax denominator
+  // only keys no earlier row of this call has read come from memory (a prefill chunk's later rows
+  // find theirs in cache): the far prefetches are for those
+  const auto first_of_request = [&a](int64_t r) { return r == 0 || a.owners[r - 1] != a.owners[r]; };
   if (begin < end) item_keys(a, begin, next_at);
   for (int64_t item = begin; item < end; ++item) {
     const int64_t row = item / a.kv_heads, g = item % a.kv_heads;
@@ -496,9 +492,6 @@ void attention_items(const AttentionArgs<T, C>& a, int64_t begin, int64_t end) {
       next_at.clear();
     }
     const int64_t L = static_cast<int64_t>(key_at.size()), Lp = (L + kLanes - 1) / kLanes * kLanes;
-    // only keys no earlier row of this call has read come from memory (a prefill chunk's later rows
-    // find theirs in cache): the far prefetches are for those
-    const auto first_of_request = [&a](int64_t r) { return r == 0 || a.owners[r - 1] != a.owners[r]; };
     const int64_t far_L = first_of_request(row) ? L : 0;
     const bool next_far = item + 1 < end && first_of_request((item + 1) / a.kv_heads);
     const int64_t next_L = next_far ? static_cast<int64_t>(next_at.size()) : 0;
@@ -514,9 +507,9 @@ void attention_items(const AttentionArgs<T, C>& a, int64_t begin, int64_t end) {
       for (int64_t j = j0 + kKeysAhead; j < std::min(L, j0 + kKeysAhead + kLanes); ++j) prefetch_key(a, key_at[j]);
       // into L2: this item's keys kKeysAheadL2 ahead, and the next item's spread over this score pass
       for (int64_t j = j0 + kKeysAheadL2; j < std::min(far_L, j0 + kKeysAheadL2 + kLanes); ++j)
-        prefetch_key_to_l2(a, key_at[j]);
+        prefetch_key<2>(a, key_at[j]);
       for (int64_t j = j0 * next_L / L, stop = std::min(L, j0 + kLanes) * next_L / L; j < stop; ++j)
-        prefetch_key_to_l2(a, next_at[j]);
+        prefetch_key<2>(a, next_at[j]);
       const C* kp[kLanes];
       for (int64_t u = 0; u < kLanes; ++u) kp[u] = a.k_cache + key_at[j0 + std::min(u, nk - 1)];
       V dots[kKeyDotHeads][kLanes];
