@@ -23,6 +23,7 @@ SOURCES = (
     "isa_avx512.cpp",
     "isa_avx512_vnni.cpp",
     "isa_avx512_quantize.cpp",
+    "isa_avx512_attention.cpp",
 )
 # -fopenmp: at::parallel_for is an OpenMP region compiled into this module (without it, it runs on
 # one thread); libgomp resolves to the one torch already loaded (same soname), so

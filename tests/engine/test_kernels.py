@@ -186,6 +186,34 @@ def test_a_float16_cache_reads_as_the_float32_cache_of_its_values(head_dim, head
         assert torch.equal(alone, widened[picked])
 
 
+@pytest.mark.parametrize("cache", ["float32", "float16", "bfloat16"])
+def test_attention_bits_equal_in_every_instruction_set_for_every_head_shape(cache):
+    """Each table's attention (the AVX-512 one's score and value passes are 16 lanes wide, its value pass
+    in several passes for wide heads) gives the generic build's bits: groups of 1 to 8 heads, head dims
+    that are and are not multiples of 16, up to 256 (more output vectors than one pass holds)."""
+    gen = torch.Generator().manual_seed(11)
+    dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[cache]
+    query_dtype = torch.bfloat16 if cache == "bfloat16" else torch.float32
+    tables = torch.randperm(48, generator=gen).view(3, 16)
+    owners = torch.tensor([0, 0, 1, 2, 2])
+    positions = torch.tensor([3, 250, 90, 0, 200])
+    for head_dim, heads, kv_heads in [
+        (256, 4, 4),
+        (256, 8, 1),
+        (80, 6, 2),
+        (40, 7, 1),
+        (96, 12, 2),
+        (64, 9, 3),
+    ]:
+        k = torch.randn(48, kv_heads, 16, head_dim, generator=gen).to(dtype)
+        v = torch.randn(48, kv_heads, 16, head_dim, generator=gen).to(dtype)
+        q = torch.randn(5, heads, head_dim, generator=gen).to(query_dtype)
+        args = (q, k, v, tables, owners, positions, head_dim**-0.5, 0, 0.0)
+        expected = _call("generic", "attention", *args)
+        for isa in ISAS:
+            assert torch.equal(_call(isa, "attention", *args), expected), (isa, head_dim, heads, kv_heads)
+
+
 def test_bfloat16_attention_close_to_float32():
     gen = torch.Generator().manual_seed(3)
     k_cache = torch.randn(8, 2, 16, 64, generator=gen)

@@ -7,8 +7,9 @@
 // speculative verify, a batch): one 16-lane fma per panel and row instead of two 8-lane ones, and 32
 // registers, so up to 12 rows share each weight load; a quantized weight is dequantized 16 columns at
 // a time, once per span of K for all the rows. The integer-activation linears' input quantizer in 16
-// lanes (isa_avx512_quantize.cpp) and, with AVX512-VNNI, those linears too (isa_avx512_vnni.cpp). Everything else (attention, norms, softmax) is the AVX2
-// code: its 8-lane reductions fix their order, so they keep their width.
+// lanes (isa_avx512_quantize.cpp) and, with AVX512-VNNI, those linears too (isa_avx512_vnni.cpp).
+// Attention with its score and value passes 16 lanes wide (isa_avx512_attention.cpp). Everything else
+// (norms, softmax) is the AVX2 code: its 8-lane reductions fix their order, so they keep their width.
 // bindings.cpp uses this table only when the CPU has AVX512F (with AVX2, FMA and F16C) and torch's own
 // dispatch (ATEN_CPU_CAPABILITY) allows AVX-512.
 #if defined(__x86_64__) || defined(_M_X64)
@@ -279,6 +280,7 @@ KernelTable avx512_table() {
   t.qlinear_q4 = &qlinear_panels_avx512<kQ4>;
   t.qlinear_q4s = &qlinear_panels_avx512<kQ4S>;
   t.qlinear_q8s = &qlinear_panels_avx512<kQ8S>;
+  use_avx512_attention(t);
   use_avx512_quantizers(t);
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw")) use_vnni_dots(t);

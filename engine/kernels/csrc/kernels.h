@@ -470,11 +470,45 @@ void key_dots(const float* q, int64_t d, const C* const* kp, typename O::V (*dot
   }
 }
 
-// work items [begin, end) of rows * kv_heads: one query row and one KV head (its group of query heads)
-template <class O, class T, class C = T>
+// The two passes of one item, over 8-lane vectors: ``scores`` is key_dots; ``values`` gives out [group, d],
+// each head's weights p (head h at p + h * p_stride) over the V rows at key_at, / its total, up to four
+// heads of the group per pass over the keys, by as many vectors of output dimensions as their
+// accumulators leave room for. A table may bring wider passes (isa_avx512.cpp) that run the same chains.
+struct EightLanePasses {
+  template <class O, class C, int HG>
+  static void scores(const float* q, int64_t d, const C* const* kp, typename O::V (*dot)[kLanes]) {
+    key_dots<O, C, HG>(q, d, kp, dot);
+  }
+
+  template <class O, class C>
+  static void values(int64_t group, int64_t d, const float* p, int64_t p_stride, const int64_t* key_at, int64_t L,
+                     const C* v_cache, const float* totals, float* out) {
+    const int64_t nv = d / kLanes;
+    for (int64_t h0 = 0; h0 < group; h0 += 4) {
+      const int64_t hp = std::min<int64_t>(4, group - h0), width = kValueAccumulators / hp;
+      for (int64_t c = 0; c < nv; c += width) {
+        const int64_t n = std::min(width, nv - c);
+        const float* ph = p + h0 * p_stride;
+        const C* v = v_cache + c * kLanes;
+        float* oc = out + h0 * d + c * kLanes;
+        const float* tot = totals + h0;
+        switch (hp) {
+          case 4: weighted_values_n<O, C, 4>(n, ph, p_stride, key_at, L, v, tot, oc, d); break;
+          case 3: weighted_values_n<O, C, 3>(n, ph, p_stride, key_at, L, v, tot, oc, d); break;
+          case 2: weighted_values_n<O, C, 2>(n, ph, p_stride, key_at, L, v, tot, oc, d); break;
+          default: weighted_values_n<O, C, 1>(n, ph, p_stride, key_at, L, v, tot, oc, d); break;
+        }
+      }
+    }
+  }
+};
+
+// work items [begin, end) of rows * kv_heads: one query row and one KV head (its group of query heads);
+// Passes: the score and value passes (EightLanePasses, or a table's wider ones)
+template <class O, class T, class C = T, class Passes = EightLanePasses>
 void attention_items(const AttentionArgs<T, C>& a, int64_t begin, int64_t end) {
   using V = typename O::V;
-  const int64_t group = a.heads / a.kv_heads, d = a.d, nv = d / kLanes;
+  const int64_t group = a.heads / a.kv_heads, d = a.d;
   const float ninf = -std::numeric_limits<float>::infinity();
   std::vector<float> qf(group * d), scores;
   std::vector<int64_t> key_at, next_at;  // the keys of this item and of the next (item_keys)
@@ -516,9 +550,9 @@ void attention_items(const AttentionArgs<T, C>& a, int64_t begin, int64_t end) {
       for (int64_t h = 0; h < group; ++h) {
         if (h % kKeyDotHeads == 0) {
           switch (std::min<int64_t>(kKeyDotHeads, group - h)) {
-            case 3: key_dots<O, C, 3>(qf.data() + h * d, d, kp, dots); break;
-            case 2: key_dots<O, C, 2>(qf.data() + h * d, d, kp, dots); break;
-            default: key_dots<O, C, 1>(qf.data() + h * d, d, kp, dots); break;
+            case 3: Passes::template scores<O, C, 3>(qf.data() + h * d, d, kp, dots); break;
+            case 2: Passes::template scores<O, C, 2>(qf.data() + h * d, d, kp, dots); break;
+            default: Passes::template scores<O, C, 1>(qf.data() + h * d, d, kp, dots); break;
           }
         }
         const V* dot = dots[h % kKeyDotHeads];
@@ -542,25 +576,8 @@ void attention_items(const AttentionArgs<T, C>& a, int64_t begin, int64_t end) {
       }
       totals[h] = O::hsum(sum);
     }
-    // the values: up to four heads of the group per pass over the keys, by as many vectors of output
-    // dimensions as their accumulators leave room for
-    float* o = a.out + (row * a.heads + g * group) * d;
-    for (int64_t h0 = 0; h0 < group; h0 += 4) {
-      const int64_t hp = std::min<int64_t>(4, group - h0), width = kValueAccumulators / hp;
-      for (int64_t c = 0; c < nv; c += width) {
-        const int64_t n = std::min(width, nv - c);
-        const float* p = scores.data() + h0 * Lp;
-        const C* v = a.v_cache + c * kLanes;
-        float* oc = o + h0 * d + c * kLanes;
-        const float* tot = totals.data() + h0;
-        switch (hp) {
-          case 4: weighted_values_n<O, C, 4>(n, p, Lp, key_at.data(), L, v, tot, oc, d); break;
-          case 3: weighted_values_n<O, C, 3>(n, p, Lp, key_at.data(), L, v, tot, oc, d); break;
-          case 2: weighted_values_n<O, C, 2>(n, p, Lp, key_at.data(), L, v, tot, oc, d); break;
-          default: weighted_values_n<O, C, 1>(n, p, Lp, key_at.data(), L, v, tot, oc, d); break;
-        }
-      }
-    }
+    Passes::template values<O, C>(group, d, scores.data(), Lp, key_at.data(), L, a.v_cache, totals.data(),
+                               a.out + (row * a.heads + g * group) * d);
   }
 }
 
