@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gates.framework import run_gate
-from gates.spec_gate import GATE
+from gates.framework import GateRun, run_gate
+from gates.spec_gate import GATE, SpeculationTally
 
 
 @pytest.mark.parametrize("blind", [None, "spec.neg.accept_wrong", "spec.neg.keep_rejected_kv"])
@@ -19,3 +19,21 @@ def test_spec_gate(blind: str | None) -> None:
             assert not neg.observed.startswith("0/")  # the fault really changes outputs
     else:
         assert result.verdict == "RED" and failing == [blind]
+
+
+@pytest.mark.parametrize(
+    "counts,ok",
+    [
+        ({"drafts": 0, "accepted": 0, "proposed": 0}, False),  # speculation never proposed
+        ({"drafts": 3, "accepted": 0, "proposed": 9}, False),  # every proposal rejected
+        ({"drafts": 3, "accepted": 9, "proposed": 9}, False),  # every proposal accepted
+        ({"drafts": 3, "accepted": 4, "proposed": 9}, True),
+        ({"drafts": 3, "accepted": 4, "proposed": 9, "differ": 1}, False),  # an output changed
+    ],
+)
+def test_an_equality_check_is_red_without_both_accepted_and_rejected_proposals(counts, ok) -> None:
+    """The equality says nothing unless speculation ran with both outcomes: the check is RED then, as
+    when an output differs."""
+    run = GateRun("spec")
+    SpeculationTally(cases=16, batches=1, **counts).report(run, "spec.ngram_equal", "")
+    assert [r.ok for r in run.rows] == [ok]
