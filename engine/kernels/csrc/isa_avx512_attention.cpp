@@ -27,8 +27,8 @@ inline __m512 load_values(const Half* p) {  // float16, exact
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-constexpr int kWideValueAccumulators = 24;  // HP heads x N of the 32 registers (4 hold weights and values)
-constexpr int kWideValueVectors = 12;       // N at most (wide_values_n's cases)
+constexpr int64_t kWideValueAccumulators = 24;  // HP heads x N of the 32 registers (4 hold weights and values)
+constexpr int64_t kWideValueVectors = 12;       // N at most (wide_values_n's cases)
 
 // kernels.h's weighted_values over 16-lane vectors: lane i of vector t is output dimension 16 t + i, and
 // its chain (fma of each key's weight and value in key order, then / total) is the 8-lane kernel's.
@@ -115,24 +115,10 @@ struct SixteenLanePasses {
   static void values(int64_t group, int64_t d, const float* p, int64_t p_stride, const int64_t* key_at, int64_t L,
                      const C* v_cache, const float* totals, float* out) {
     if (d % kPanel != 0) return EightLanePasses::values<O, C>(group, d, p, p_stride, key_at, L, v_cache, totals, out);
-    const int64_t nv = d / kPanel;
-    for (int64_t h0 = 0; h0 < group; h0 += 4) {
-      const int64_t hp = std::min<int64_t>(4, group - h0);
-      const int64_t width = std::min<int64_t>(kWideValueVectors, kWideValueAccumulators / hp);
-      for (int64_t c = 0; c < nv; c += width) {
-        const int64_t n = std::min(width, nv - c);
-        const float* ph = p + h0 * p_stride;
-        const C* v = v_cache + c * kPanel;
-        float* oc = out + h0 * d + c * kPanel;
-        const float* tot = totals + h0;
-        switch (hp) {
-          case 4: wide_values_n<C, 4>(n, ph, p_stride, key_at, L, v, tot, oc, d); break;
-          case 3: wide_values_n<C, 3>(n, ph, p_stride, key_at, L, v, tot, oc, d); break;
-          case 2: wide_values_n<C, 2>(n, ph, p_stride, key_at, L, v, tot, oc, d); break;
-          default: wide_values_n<C, 1>(n, ph, p_stride, key_at, L, v, tot, oc, d); break;
-        }
-      }
-    }
+    value_pieces(kPanel, kWideValueAccumulators, kWideValueVectors, group, d, p, p_stride, v_cache, totals, out,
+                 [&](auto heads, int64_t n, const float* ph, const C* v, const float* tot, float* o) {
+                   wide_values_n<C, decltype(heads)::value>(n, ph, p_stride, key_at, L, v, tot, o, d);
+                 });
   }
 };
 

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "vec.h"
@@ -470,10 +471,34 @@ void key_dots(const float* q, int64_t d, const C* const* kp, typename O::V (*dot
   }
 }
 
+// The pieces of one item's value pass: up to four heads of the group at a time, by at most max_vectors
+// vectors of `lanes` output dimensions (as many as `accumulators` registers hold for those heads); each
+// piece is pass(heads, n, p, v, totals, out) with heads a std::integral_constant, p and totals at the
+// piece's first head, v and out at its first dimension.
+template <class C, class Pass>
+void value_pieces(int64_t lanes, int64_t accumulators, int64_t max_vectors, int64_t group, int64_t d, const float* p,
+                  int64_t p_stride, const C* v_cache, const float* totals, float* out, Pass&& pass) {
+  const int64_t nv = d / lanes;
+  for (int64_t h0 = 0; h0 < group; h0 += 4) {
+    const int64_t hp = std::min<int64_t>(4, group - h0), width = std::min(max_vectors, accumulators / hp);
+    for (int64_t c = 0; c < nv; c += width) {
+      const int64_t n = std::min(width, nv - c);
+      const auto piece = [&](auto heads) {
+        pass(heads, n, p + h0 * p_stride, v_cache + c * lanes, totals + h0, out + h0 * d + c * lanes);
+      };
+      switch (hp) {
+        case 4: piece(std::integral_constant<int, 4>{}); break;
+        case 3: piece(std::integral_constant<int, 3>{}); break;
+        case 2: piece(std::integral_constant<int, 2>{}); break;
+        default: piece(std::integral_constant<int, 1>{}); break;
+      }
+    }
+  }
+}
+
 // The two passes of one item, over 8-lane vectors: ``scores`` is key_dots; ``values`` gives out [group, d],
-// each head's weights p (head h at p + h * p_stride) over the V rows at key_at, / its total, up to four
-// heads of the group per pass over the keys, by as many vectors of output dimensions as their
-// accumulators leave room for. A table may bring wider passes (isa_avx512.cpp) that run the same chains.
+// each head's weights p (head h at p + h * p_stride) over the V rows at key_at, / its total (value_pieces
+// of weighted_values). A table may bring wider passes (isa_avx512_attention.cpp) that run the same chains.
 struct EightLanePasses {
   template <class O, class C, int HG>
   static void scores(const float* q, int64_t d, const C* const* kp, typename O::V (*dot)[kLanes]) {
@@ -483,23 +508,10 @@ struct EightLanePasses {
   template <class O, class C>
   static void values(int64_t group, int64_t d, const float* p, int64_t p_stride, const int64_t* key_at, int64_t L,
                      const C* v_cache, const float* totals, float* out) {
-    const int64_t nv = d / kLanes;
-    for (int64_t h0 = 0; h0 < group; h0 += 4) {
-      const int64_t hp = std::min<int64_t>(4, group - h0), width = kValueAccumulators / hp;
-      for (int64_t c = 0; c < nv; c += width) {
-        const int64_t n = std::min(width, nv - c);
-        const float* ph = p + h0 * p_stride;
-        const C* v = v_cache + c * kLanes;
-        float* oc = out + h0 * d + c * kLanes;
-        const float* tot = totals + h0;
-        switch (hp) {
-          case 4: weighted_values_n<O, C, 4>(n, ph, p_stride, key_at, L, v, tot, oc, d); break;
-          case 3: weighted_values_n<O, C, 3>(n, ph, p_stride, key_at, L, v, tot, oc, d); break;
-          case 2: weighted_values_n<O, C, 2>(n, ph, p_stride, key_at, L, v, tot, oc, d); break;
-          default: weighted_values_n<O, C, 1>(n, ph, p_stride, key_at, L, v, tot, oc, d); break;
-        }
-      }
-    }
+    value_pieces(kLanes, kValueAccumulators, kValueAccumulators, group, d, p, p_stride, v_cache, totals, out,
+                 [&](auto heads, int64_t n, const float* ph, const C* v, const float* tot, float* o) {
+                   weighted_values_n<O, C, decltype(heads)::value>(n, ph, p_stride, key_at, L, v, tot, o, d);
+                 });
   }
 };
 
