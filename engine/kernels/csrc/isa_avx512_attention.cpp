@@ -27,8 +27,7 @@ inline __m512 load_values(const Half* p) {  // float16, exact
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-constexpr int64_t kWideValueAccumulators = 24;  // HP heads x N of the 32 registers (4 hold weights and values)
-constexpr int64_t kWideValueVectors = 12;       // N at most (wide_values_n's cases)
+constexpr int kWideValueAccumulators = 24;  // HP heads x N of the 32 registers (4 hold weights and values)
 
 // kernels.h's weighted_values over 16-lane vectors: lane i of vector t is output dimension 16 t + i, and
 // its chain (fma of each key's weight and value in key order, then / total) is the 8-lane kernel's.
@@ -50,22 +49,6 @@ void wide_values(const float* p, int64_t p_stride, const int64_t* key_at, int64_
   for (int h = 0; h < HP; ++h)
     for (int t = 0; t < N; ++t)
       _mm512_storeu_ps(out + h * out_stride + t * kPanel, _mm512_div_ps(acc[h][t], _mm512_set1_ps(total[h])));
-}
-
-template <class C, int HP>
-void wide_values_n(int64_t n, const float* p, int64_t p_stride, const int64_t* key_at, int64_t L, const C* v,
-                   const float* total, float* out, int64_t out_stride) {
-  switch (n) {
-#define NXK_VECTORS(k)                                                          \
-  case k:                                                                       \
-    if constexpr (HP * k <= kWideValueAccumulators)                             \
-      wide_values<C, HP, k>(p, p_stride, key_at, L, v, total, out, out_stride); \
-    break;
-    NXK_VECTORS(12) NXK_VECTORS(11) NXK_VECTORS(10) NXK_VECTORS(9) NXK_VECTORS(8) NXK_VECTORS(7)
-    NXK_VECTORS(6) NXK_VECTORS(5) NXK_VECTORS(4) NXK_VECTORS(3) NXK_VECTORS(2)
-#undef NXK_VECTORS
-    default: wide_values<C, HP, 1>(p, p_stride, key_at, L, v, total, out, out_stride); break;
-  }
 }
 
 // Keys u and u + 4's 8-lane vectors at the same offset, side by side in one 16-lane register, widened
@@ -115,10 +98,12 @@ struct SixteenLanePasses {
   static void values(int64_t group, int64_t d, const float* p, int64_t p_stride, const int64_t* key_at, int64_t L,
                      const C* v_cache, const float* totals, float* out) {
     if (d % kPanel != 0) return EightLanePasses::values<O, C>(group, d, p, p_stride, key_at, L, v_cache, totals, out);
-    value_pieces(kPanel, kWideValueAccumulators, kWideValueVectors, group, d, p, p_stride, v_cache, totals, out,
-                 [&](auto heads, int64_t n, const float* ph, const C* v, const float* tot, float* o) {
-                   wide_values_n<C, decltype(heads)::value>(n, ph, p_stride, key_at, L, v, tot, o, d);
-                 });
+    value_pieces<kWideValueAccumulators>(
+        kPanel, group, d, p, p_stride, v_cache, totals, out,
+        [&](auto heads, auto vectors, const float* ph, const C* v, const float* tot, float* o) {
+          constexpr int HP = decltype(heads)::value, N = decltype(vectors)::value;
+          wide_values<C, HP, N>(ph, p_stride, key_at, L, v, tot, o, d);
+        });
   }
 };
 

@@ -394,23 +394,7 @@ void weighted_values(const float* p, int64_t p_stride, const int64_t* key_at, in
 }
 
 constexpr int kValueAccumulators = 12;  // HP heads x N vectors of accumulators per value pass (16 registers)
-
-// weighted_values for HP heads over vectors [c, c + n) of head_dim, n <= kValueAccumulators / HP
-template <class O, class T, int HP>
-void weighted_values_n(int64_t n, const float* p, int64_t p_stride, const int64_t* key_at, int64_t L, const T* v,
-                       const float* total, float* out, int64_t out_stride) {
-  switch (n) {
-#define NXK_VECTORS(k)                                                                                   \
-  case k:                                                                                                \
-    if constexpr (HP * k <= kValueAccumulators)                                                          \
-      weighted_values<O, T, HP, k>(p, p_stride, key_at, L, v, total, out, out_stride);                   \
-    break;
-    NXK_VECTORS(12) NXK_VECTORS(11) NXK_VECTORS(10) NXK_VECTORS(9) NXK_VECTORS(8) NXK_VECTORS(7)
-    NXK_VECTORS(6) NXK_VECTORS(5) NXK_VECTORS(4) NXK_VECTORS(3) NXK_VECTORS(2)
-#undef NXK_VECTORS
-    default: weighted_values<O, T, HP, 1>(p, p_stride, key_at, L, v, total, out, out_stride); break;
-  }
-}
+constexpr int kMostValueVectors = 12;   // N at most, at any width (value_pieces' cases)
 
 // A decode row's keys live in other requests' pages than the last row's, so they come from memory, in
 // blocks of a few KB: too short for the hardware's prefetchers, and one key at a time keeps few lines in
@@ -471,20 +455,33 @@ void key_dots(const float* q, int64_t d, const C* const* kp, typename O::V (*dot
   }
 }
 
-// The pieces of one item's value pass: up to four heads of the group at a time, by at most max_vectors
-// vectors of `lanes` output dimensions (as many as `accumulators` registers hold for those heads); each
-// piece is pass(heads, n, p, v, totals, out) with heads a std::integral_constant, p and totals at the
-// piece's first head, v and out at its first dimension.
-template <class C, class Pass>
-void value_pieces(int64_t lanes, int64_t accumulators, int64_t max_vectors, int64_t group, int64_t d, const float* p,
-                  int64_t p_stride, const C* v_cache, const float* totals, float* out, Pass&& pass) {
+// The pieces of one item's value pass: up to four heads of the group at a time, by as many vectors of
+// `lanes` output dimensions as Accumulators registers hold for those heads (kMostValueVectors at most);
+// each piece is pass(heads, vectors, p, v, totals, out) with heads and vectors std::integral_constants,
+// p and totals at the piece's first head, v and out at its first dimension.
+template <int Accumulators, class C, class Pass>
+void value_pieces(int64_t lanes, int64_t group, int64_t d, const float* p, int64_t p_stride, const C* v_cache,
+                  const float* totals, float* out, Pass&& pass) {
   const int64_t nv = d / lanes;
   for (int64_t h0 = 0; h0 < group; h0 += 4) {
-    const int64_t hp = std::min<int64_t>(4, group - h0), width = std::min(max_vectors, accumulators / hp);
+    const int64_t hp = std::min<int64_t>(4, group - h0);
+    const int64_t width = std::min<int64_t>(kMostValueVectors, Accumulators / hp);
     for (int64_t c = 0; c < nv; c += width) {
       const int64_t n = std::min(width, nv - c);
       const auto piece = [&](auto heads) {
-        pass(heads, n, p + h0 * p_stride, v_cache + c * lanes, totals + h0, out + h0 * d + c * lanes);
+        const auto call = [&](auto vectors) {
+          pass(heads, vectors, p + h0 * p_stride, v_cache + c * lanes, totals + h0, out + h0 * d + c * lanes);
+        };
+        switch (n) {
+#define NXK_VECTORS(k)                                                                          \
+  case k:                                                                                       \
+    if constexpr (decltype(heads)::value * k <= Accumulators) call(std::integral_constant<int, k>{}); \
+    break;
+          NXK_VECTORS(12) NXK_VECTORS(11) NXK_VECTORS(10) NXK_VECTORS(9) NXK_VECTORS(8) NXK_VECTORS(7)
+          NXK_VECTORS(6) NXK_VECTORS(5) NXK_VECTORS(4) NXK_VECTORS(3) NXK_VECTORS(2)
+#undef NXK_VECTORS
+          default: call(std::integral_constant<int, 1>{}); break;
+        }
       };
       switch (hp) {
         case 4: piece(std::integral_constant<int, 4>{}); break;
@@ -508,10 +505,12 @@ struct EightLanePasses {
   template <class O, class C>
   static void values(int64_t group, int64_t d, const float* p, int64_t p_stride, const int64_t* key_at, int64_t L,
                      const C* v_cache, const float* totals, float* out) {
-    value_pieces(kLanes, kValueAccumulators, kValueAccumulators, group, d, p, p_stride, v_cache, totals, out,
-                 [&](auto heads, int64_t n, const float* ph, const C* v, const float* tot, float* o) {
-                   weighted_values_n<O, C, decltype(heads)::value>(n, ph, p_stride, key_at, L, v, tot, o, d);
-                 });
+    value_pieces<kValueAccumulators>(
+        kLanes, group, d, p, p_stride, v_cache, totals, out,
+        [&](auto heads, auto vectors, const float* ph, const C* v, const float* tot, float* o) {
+          constexpr int HP = decltype(heads)::value, N = decltype(vectors)::value;
+          weighted_values<O, C, HP, N>(ph, p_stride, key_at, L, v, tot, o, d);
+        });
   }
 };
 
