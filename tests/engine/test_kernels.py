@@ -214,6 +214,107 @@ def test_attention_bits_equal_in_every_instruction_set_for_every_head_shape(cach
             assert torch.equal(_call(isa, "attention", *args), expected), (isa, head_dim, heads, kv_heads)
 
 
+def _rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The layer-by-layer path's RoPE (engine/layers/rope.py): x [N, heads, d], cos and sin [N, d]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None] + rotated * sin[:, None]
+
+
+# values a float16 cache must round as torch does: ties at both ends of the range, subnormals and the
+# ties between them, the overflow edge, signed zeros and infinities
+_F16_EDGES = [
+    0.0,
+    -0.0,
+    65504.0,
+    65519.99,
+    65520.0,
+    -65520.0,
+    1e6,
+    float("inf"),
+    float("-inf"),
+    2.0**-14,
+    2.0**-24,
+    2.0**-25,
+    2.0**-25 * 1.0001,
+    3 * 2.0**-25,
+    2.0**-26,
+    1.0 + 2.0**-11,
+    1.0 + 3 * 2.0**-11,
+    1e-8,
+    -1e-7,
+    6.1e-5,
+    2.0**-24 * 1.5,
+    2.0**-24 * 2.5,
+    1.5e-45,
+]
+
+
+@needs_compiled
+@pytest.mark.parametrize("cache", [torch.float32, torch.float16])
+@pytest.mark.parametrize("head_dim", [16, 24, 64])
+def test_rope_and_cache_writes_equal_torch_in_every_instruction_set(cache, head_dim):
+    """RoPE's outputs and the cache's rows: torch's bits (the layer-by-layer path's) in every table, also
+    where half a head is not whole vectors (head_dim 24), and a float16 cache rounds as torch does."""
+    module = kernels.backend().module
+    gen = torch.Generator().manual_seed(head_dim)
+    rows, heads, kv_heads, blocks, block = 9, 3, 2, 6, 4
+    qk = torch.randn(rows, heads + kv_heads, head_dim, generator=gen) * 3
+    v = torch.randn(rows, kv_heads, head_dim, generator=gen)
+    edges = torch.tensor(_F16_EDGES)
+    v.view(-1)[: edges.numel()] = edges
+    qk.view(-1)[-edges.numel() :] = edges
+    angles = torch.rand(rows, head_dim, generator=gen) * 50
+    cos, sin = angles.cos(), angles.sin()
+    slots = torch.randperm(blocks * block, generator=gen)[:rows]
+    want_q = _rope_reference(qk[:, :heads], cos, sin)
+    want_k = _rope_reference(qk[:, heads:], cos, sin).to(cache)
+    for isa in kernels.compiled_isas():
+        k_cache = torch.full((blocks, kv_heads, block, head_dim), 7.0, dtype=cache)
+        v_cache = torch.full_like(k_cache, 7.0)
+        q = module.rope(isa, qk, v, cos, sin, slots, k_cache, v_cache)
+        assert torch.equal(q, want_q), isa
+        # [blocks, kv_heads, block, d] -> each slot's [kv_heads, d]
+        k_rows = k_cache.permute(0, 2, 1, 3).reshape(-1, kv_heads, head_dim)
+        v_rows = v_cache.permute(0, 2, 1, 3).reshape(-1, kv_heads, head_dim)
+        assert torch.equal(k_rows[slots], want_k), isa
+        assert torch.equal(v_rows[slots], v.to(cache)), isa
+        untouched = torch.ones(blocks * block, dtype=torch.bool)
+        untouched[slots] = False
+        assert (k_rows[untouched] == 7.0).all() and (v_rows[untouched] == 7.0).all()
+
+
+@needs_compiled
+def test_a_nan_reaches_a_float16_cache_with_the_same_bits_in_every_instruction_set():
+    module = kernels.backend().module
+    d = 16
+    payloads = torch.tensor(
+        [0x7FC00000, 0x7F800001, 0xFFC12345 - 2**32, 0x7FBFFFFF, 0x7FA02000], dtype=torch.int32
+    )
+    v = torch.zeros(1, 1, d)
+    v.view(-1)[: payloads.numel()] = payloads.view(torch.float32)
+    bits = []
+    for isa in kernels.compiled_isas():
+        k_cache, v_cache = (
+            torch.zeros(1, 1, 1, d, dtype=torch.float16),
+            torch.zeros(1, 1, 1, d, dtype=torch.float16),
+        )
+        module.rope(
+            isa,
+            torch.zeros(1, 2, d),
+            v,
+            torch.ones(1, d),
+            torch.zeros(1, d),
+            torch.tensor([0]),
+            k_cache,
+            v_cache,
+        )
+        stored = v_cache.view(-1)[: payloads.numel()]
+        assert stored.isnan().all(), isa
+        bits.append(stored.view(torch.int16))
+    assert all(torch.equal(bits[0], b) for b in bits[1:])
+
+
 def test_bfloat16_attention_close_to_float32():
     gen = torch.Generator().manual_seed(3)
     k_cache = torch.randn(8, 2, 16, 64, generator=gen)

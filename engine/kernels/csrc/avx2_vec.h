@@ -34,6 +34,9 @@ struct Avx2Vec {
     hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(wide, 4));
   }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static void store(Half* p, V v) {  // rounded to nearest even, as float_to_f16
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V add(V a, V b) { return _mm256_add_ps(a, b); }
   static V sub(V a, V b) { return _mm256_sub_ps(a, b); }

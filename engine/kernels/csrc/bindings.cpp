@@ -198,6 +198,46 @@ torch::Tensor attention(const std::string& isa, const torch::Tensor& q, const to
   return out;
 }
 
+// RoPE on qk [N, heads + kv_heads, d] float32 (query heads, then key heads) -> the rotated queries
+// [N, heads, d]; each row's rotated keys and its values v [N, kv_heads, d] written at its slot of the
+// caches [blocks, kv_heads, block, d] (float32 or float16, in place)
+torch::Tensor rope(const std::string& isa, const torch::Tensor& qk, const torch::Tensor& v, const torch::Tensor& cos,
+                   const torch::Tensor& sin, const torch::Tensor& slots, const torch::Tensor& k_cache, const torch::Tensor& v_cache) {
+  for (const auto* t : {&qk, &v, &cos, &sin, &slots, &k_cache, &v_cache}) check_cpu(*t, "rope input");
+  for (const auto* t : {&qk, &v, &cos, &sin})
+    TORCH_CHECK(t->scalar_type() == torch::kFloat32, "qk, v, cos and sin must be float32");
+  TORCH_CHECK(slots.scalar_type() == torch::kLong, "slots must be int64");
+  TORCH_CHECK(k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes() && k_cache.scalar_type() == v_cache.scalar_type(),
+              "caches must be [blocks, kv_heads, block, d], K and V alike");
+  const int64_t rows = qk.size(0), kv_heads = k_cache.size(1), block = k_cache.size(2), d = k_cache.size(3);
+  TORCH_CHECK(qk.dim() == 3 && qk.size(2) == d && d <= nxk::kMaxHeadDim && qk.size(1) > kv_heads,
+              "qk must be [N, heads + kv_heads, d]");
+  const int64_t heads = qk.size(1) - kv_heads;
+  TORCH_CHECK(v.dim() == 3 && v.size(0) == rows && v.size(1) == kv_heads && v.size(2) == d, "v must be [N, kv_heads, d]");
+  TORCH_CHECK(cos.numel() == rows * d && sin.numel() == rows * d && slots.numel() == rows,
+              "one cos and sin row and one slot per row");
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r)
+    TORCH_CHECK(slot[r] >= 0 && slot[r] < k_cache.size(0) * block, "slot out of the cache");
+  auto q = torch::empty({rows, heads, d}, qk.options());
+  const auto& t = table_for(isa);
+  const auto run = [&](auto* kc, auto* vc, auto entry) {
+    using C = std::remove_pointer_t<decltype(kc)>;
+    const nxk::RopeRows<C> a{qk.data_ptr<float>(), (heads + kv_heads) * d, v.data_ptr<float>(), kv_heads * d,
+                             cos.data_ptr<float>(), sin.data_ptr<float>(), slot, heads, kv_heads, d, block,
+                             q.data_ptr<float>(), kc, vc};
+    at::parallel_for(0, rows, 1, [&](int64_t b, int64_t e) { entry(a, b, e); });
+  };
+  if (k_cache.scalar_type() == torch::kHalf) {
+    run(reinterpret_cast<nxk::Half*>(k_cache.data_ptr<at::Half>()), reinterpret_cast<nxk::Half*>(v_cache.data_ptr<at::Half>()),
+        t.rope_rows_f16);
+  } else {
+    TORCH_CHECK(k_cache.scalar_type() == torch::kFloat32, "caches must be float32 or float16");
+    run(k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), t.rope_rows_f32);
+  }
+  return q;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -210,6 +250,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "x / rms(x) per row, float32 out");
   m.def("softmax", &softmax, "softmax or log-softmax per row");
   m.def("silu_mul", &silu_mul, "silu(gate) * up (or GELU-tanh) per row of [gate | up]");
+  m.def("rope", &rope, "RoPE on query and key heads; keys and values written to the paged cache");
   m.def("attention", &attention, "causal attention over the paged cache, read in place");
   py::class_<nxk::DecoderStack>(m, "DecoderStack", "every decoder layer over a step's rows in one call (decoder.h)")
       .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, int64_t>(), py::arg("hidden"),

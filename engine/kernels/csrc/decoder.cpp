@@ -23,16 +23,13 @@ void check_cpu(const torch::Tensor& t, const char* what) {
   TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), what, " must be a contiguous CPU tensor");
 }
 
-// d float32 values into a cache row: as they are, or rounded to float16 (to nearest, ties to even: what
-// torch's .to(torch.float16) gives, so the layer-by-layer path stores the same bits)
-void store_row(float* dst, const float* src, int64_t d) { std::memcpy(dst, src, d * sizeof(float)); }
-void store_row(at::Half* dst, const float* src, int64_t d) {
-  for (int64_t i = 0; i < d; ++i) dst[i] = at::Half(src[i]);
-}
+// a cache as the kernels read and write it (float16 as nxk::Half: its bits)
+float* kernel_view(float* cache) { return cache; }
+Half* kernel_view(at::Half* cache) { return reinterpret_cast<Half*>(cache); }
 
-// a cache as the attention kernels read it (float16 as nxk::Half: its bits, widened in the kernels)
-const float* kernel_view(const float* cache) { return cache; }
-const Half* kernel_view(const at::Half* cache) { return reinterpret_cast<const Half*>(cache); }
+// RoPE and the cache writes of rows [b, e) through the table's entry for the cache's type
+void rope_rows(const KernelTable& t, const RopeRows<float>& a, int64_t b, int64_t e) { t.rope_rows_f32(a, b, e); }
+void rope_rows(const KernelTable& t, const RopeRows<Half>& a, int64_t b, int64_t e) { t.rope_rows_f16(a, b, e); }
 
 // fn(k, v) with a layer's caches as typed pointers (float* or at::Half*), resolved once per layer
 template <class F>
@@ -81,18 +78,6 @@ void add_and_norm(const KernelTable& t, float* x, const float* y, int64_t rows, 
 // x [N, D] += y [N, D], rows shared between threads
 void add_into(float* x, const float* y, int64_t rows, int64_t d) {
   at::parallel_for(0, rows, kRowGrain, [&](int64_t b, int64_t e) { add_rows(x, y, d, b, e); });
-}
-
-// one head vector rotated (rotate-half): out[i] = x[i] cos[i] + r[i] sin[i], r = (-x[half:], x[:half]);
-// the two products and the sum each rounded once
-void rotate(const float* x, const float* cos, const float* sin, int64_t d, float* out) {
-  const int64_t half = d / 2;
-  for (int64_t i = 0; i < d; ++i) {
-    const float r = i < half ? -x[i + half] : x[i - half];
-    const float a = x[i] * cos[i];
-    const float b = r * sin[i];
-    out[i] = a + b;
-  }
 }
 
 }  // namespace
@@ -197,7 +182,6 @@ torch::Tensor DecoderStack::forward(const std::string& isa, const torch::Tensor&
   h_.resize(rows * hidden_);
   qkv_.resize(rows * qkv_n);
   q_.resize(rows * q_size);
-  k_.resize(rows * kv_size);  // each row's rotated keys
   attn_.resize(rows * q_size);
   tmp_.resize(rows * hidden_);
   gate_up_.resize(rows * 2 * intermediate_);
@@ -239,28 +223,16 @@ torch::Tensor DecoderStack::forward(const std::string& isa, const torch::Tensor&
       qk_stride = hk * d;
     }
     with_caches(layer, [&](auto* kc, auto* vc) {
+      const auto k_view = kernel_view(kc);
+      using C = std::remove_pointer_t<decltype(k_view)>;
       // RoPE and the cache writes, rows shared between threads (each row writes its own slot)
-      at::parallel_for(0, rows, kRowGrain, [&](int64_t row_begin, int64_t row_end) {
-        for (int64_t r = row_begin; r < row_end; ++r) {
-          const float* src = qk_src + r * qk_stride;
-          for (int64_t hd = 0; hd < heads_; ++hd)
-            rotate(src + hd * d, cs + r * d, sn + r * d, d, q_.data() + (r * heads_ + hd) * d);
-          const int64_t b = slot[r] / block, off = slot[r] % block;
-          for (int64_t g = 0; g < kv_heads_; ++g) {
-            const int64_t at = ((b * kv_heads_ + g) * block + off) * d;  // [blocks, kv_heads, block, d]
-            float* k_row = k_.data() + (r * kv_heads_ + g) * d;  // the rotated key, then stored in the cache's dtype
-            rotate(src + q_size + g * d, cs + r * d, sn + r * d, d, k_row);
-            store_row(kc + at, k_row, d);
-            store_row(vc + at, qkv_.data() + r * qkv_n + q_size + kv_size + g * d, d);
-          }
-        }
-      });
-      const auto k_view = kernel_view(kc);  // [N, heads * d] into attn_
-      using C = std::remove_cv_t<std::remove_pointer_t<decltype(k_view)>>;
+      const RopeRows<C> rope{qk_src, qk_stride, qkv_.data() + q_size + kv_size, qkv_n, cs, sn, slot, heads_,
+                             kv_heads_, d, block, q_.data(), k_view, kernel_view(vc)};
+      at::parallel_for(0, rows, kRowGrain, [&](int64_t b, int64_t e) { rope_rows(t, rope, b, e); });
       const AttentionArgs<float, C> args{
           q_.data(), k_view, kernel_view(vc), tables.data_ptr<int64_t>(), tables.size(1), owners.data_ptr<int64_t>(),
           positions.data_ptr<int64_t>(), heads_, kv_heads_, d, block, static_cast<float>(scale_), window_, 0.0f,
-          attn_.data()};
+          attn_.data()};  // [N, heads * d] into attn_
       run_attention(t, args, rows);
     });
     apply(t, layer.o, attn_.data(), rows, tmp_.data());

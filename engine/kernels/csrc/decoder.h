@@ -64,7 +64,7 @@ class DecoderStack {
   double eps_, scale_;
   std::vector<DecoderLayer> layers_;
   // scratch for one step, reused: sized for the largest step seen so far
-  std::vector<float> h_, qkv_, q_, k_, attn_, tmp_, gate_up_, act_, heads_normed_, heads_rms_;
+  std::vector<float> h_, qkv_, q_, attn_, tmp_, gate_up_, act_, heads_normed_, heads_rms_;
 };
 
 }  // namespace nxk

@@ -7,6 +7,7 @@
 #include "kernels.h"
 #include "qdot.h"
 #include "quantized.h"
+#include "rope.h"
 
 namespace nxk {
 
@@ -34,6 +35,9 @@ struct KernelTable {
   // a step's rows quantized for those (qdot.h quantize_rows: the same results in every table)
   void (*quantize_i8)(const float*, int64_t, int8_t*, float*, int32_t*, int64_t, int64_t);
   void (*quantize_i16)(const float*, int64_t, int16_t*, float*, int32_t*, int64_t, int64_t);
+  // RoPE on a step's rows and their keys and values into a float32 or float16 cache (rope.h)
+  void (*rope_rows_f32)(const RopeRows<float>&, int64_t, int64_t);
+  void (*rope_rows_f16)(const RopeRows<Half>&, int64_t, int64_t);
 };
 
 // The table instantiated over vector struct O.
@@ -65,6 +69,8 @@ KernelTable make_table(const char* name) {
       &qdot_panels<O, kQ8S, int16_t>,
       &quantize_rows<int8_t>,
       &quantize_rows<int16_t>,
+      &rope_rows<O, float>,
+      &rope_rows<O, Half>,
   };
 }
 

@@ -45,6 +45,28 @@ inline float f16_to_float(uint16_t h) {
   return f;
 }
 
+// float -> float16 bits, rounded to nearest, ties to even, as F16C's vcvtps2ph rounds: overflow to
+// infinity, subnormal results, and a NaN kept a quiet NaN with the top of its payload (torch's own
+// conversion gives the same bits for every non-NaN value)
+inline uint16_t float_to_f16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof x);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t ax = x & 0x7FFFFFFFu;
+  if (ax >= 0x7F800000u) return sign | (ax > 0x7F800000u ? 0x7E00u | ((ax >> 13) & 0x3FFu) : 0x7C00u);
+  if (ax >= 0x477FF000u) return sign | 0x7C00u;  // 65520 and above round to infinity
+  if (ax >= 0x38800000u) {  // a normal float16: rebias the exponent, round 23 mantissa bits to 10
+    const uint32_t r = ax - 0x38000000u;
+    return sign | static_cast<uint16_t>((r + 0xFFFu + ((r >> 13) & 1u)) >> 13);
+  }
+  if (ax < 0x33000000u) return sign;  // below half the smallest subnormal (2^-25, which ties to 0)
+  // a subnormal float16: the value in units of 2^-24 is the mantissa (with its leading 1) >> shift
+  const uint32_t mantissa = (ax & 0x7FFFFFu) | 0x800000u;
+  const int shift = 126 - static_cast<int>(ax >> 23);
+  const uint32_t q = mantissa >> shift, rest = mantissa & ((1u << shift) - 1u), half = 1u << (shift - 1);
+  return sign | static_cast<uint16_t>(q + ((rest > half || (rest == half && (q & 1u))) ? 1u : 0u));
+}
+
 // A float16 value's bits, as a KV cache may hold them (a type of its own: a bare uint16_t is bfloat16)
 struct Half {
   uint16_t bits;
@@ -96,6 +118,9 @@ struct GenericVec {
     }
   }
   static void store(float* p, V v) { std::memcpy(p, v.l, sizeof v.l); }
+  static void store(Half* p, V v) {
+    for (int i = 0; i < kLanes; ++i) p[i].bits = float_to_f16(v.l[i]);
+  }
   static V fma(V a, V b, V c) {
     V v;
     for (int i = 0; i < kLanes; ++i) v.l[i] = std::fma(a.l[i], b.l[i], c.l[i]);
