@@ -118,6 +118,11 @@ def _float_input(x: torch.Tensor) -> torch.Tensor:
 
 def _run(name: str, *args: object) -> torch.Tensor:
     """Kernel ``name`` on this process's backend: the compiled module, or its portable twin."""
+    return _call(name, *args)
+
+
+def _call(name: str, *args: object) -> Any:
+    """``_run`` for a kernel whose result is not one tensor."""
     b = backend()
     if b.module is None:
         return getattr(portable, name)(*args)
@@ -154,6 +159,14 @@ def softmax(logits: torch.Tensor, log: bool = False) -> torch.Tensor:
     """Softmax (or log-softmax) over the last dimension of [V] or [S, V] float32 logits, row by row."""
     rows = logits.float().reshape(-1, logits.shape[-1]).contiguous()
     return _run("softmax", rows, log).view(logits.shape)
+
+
+def row_stats(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For [S, V] float32 logits, row by row: (argmax [S] long: the first maximum, or the first NaN, as
+    torch.argmax; max [S], log_sum [S] float32: the row's log-softmax is (x - max) - log_sum, the bits
+    ``softmax(log=True)`` gives), without writing an [S, V] result."""
+    argmax, peak, log_sum = _call("row_stats", logits.float().contiguous())
+    return argmax, peak, log_sum
 
 
 def silu_mul(gate_up: torch.Tensor, gelu: bool = False) -> torch.Tensor:

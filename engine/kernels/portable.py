@@ -77,6 +77,18 @@ def softmax(rows: torch.Tensor, log: bool) -> torch.Tensor:
     return out
 
 
+def row_stats(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """rows [S, V] float32 -> (argmax, max, log of the sum of exp(x - max)) per row."""
+    argmax = torch.empty(rows.shape[0], dtype=torch.long)
+    peak = torch.empty(rows.shape[0])
+    log_sum = torch.empty(rows.shape[0])
+    for i in range(rows.shape[0]):
+        argmax[i] = torch.argmax(rows[i])
+        peak[i] = rows[i].max()
+        log_sum[i] = torch.exp(rows[i] - peak[i]).sum().log()
+    return argmax, peak, log_sum
+
+
 def attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,

@@ -100,8 +100,9 @@ def sample_batch(logits: torch.Tensor, requests: list[SampleRequest]) -> list[Sa
     sampling raises gets its exception in its place; the other rows are unaffected."""
     if logits.shape[0] == 0:
         return []
-    logprobs = kernels.softmax(logits, log=True)  # [S, vocab], row by row
-    argmax = torch.argmax(logits, dim=-1).tolist()  # [S]: exact, the first maximum of each row
+    # [S] each: the first maximum of each row (exact), and its log-softmax's max and log-sum
+    argmax_rows, peaks, log_sums = kernels.row_stats(logits)
+    argmax = argmax_rows.tolist()
     _masked_argmax(logits, requests, argmax)
     results: list[Sample | Exception] = []
     for row, request in enumerate(requests):
@@ -114,7 +115,7 @@ def sample_batch(logits: torch.Tensor, requests: list[SampleRequest]) -> list[Sa
                     request.generator,
                     request.prompt,
                     request.output,
-                    logprobs=logprobs[row],
+                    normaliser=(peaks[row], log_sums[row]),
                     greedy_token=argmax[row] if plain_greedy else None,
                     forbidden=request.mask.forbidden() if request.mask is not None else None,
                 )
@@ -151,23 +152,26 @@ def sample(
     generator: torch.Generator,
     prompt: list[int],
     output: list[int],
-    logprobs: torch.Tensor | None = None,
+    normaliser: tuple[torch.Tensor, torch.Tensor] | None = None,
     greedy_token: int | None = None,
     forbidden: torch.Tensor | None = None,
 ) -> Sample:
     """Choose the next token from one request's logits row [vocab] (float32), never one that
-    ``forbidden`` [vocab] bool marks. ``logprobs`` (its log-softmax) and ``greedy_token`` (its argmax, for
-    a greedy request that nothing reshapes) may come precomputed from ``sample_batch``. The logprobs
-    reported are the model's own (before penalties, bias and mask)."""
-    if logprobs is None:
-        logprobs = kernels.softmax(logits, log=True)
+    ``forbidden`` [vocab] bool marks. ``normaliser`` (its log-softmax's max and log-sum, 0-d float32:
+    kernels.row_stats) and ``greedy_token`` (its argmax, for a greedy request that nothing reshapes) may
+    come precomputed from ``sample_batch``. The logprobs reported are the model's own (before
+    penalties, bias and mask): (x - max) - log_sum in float32, the bits of kernels.softmax(log=True)."""
+    if normaliser is None:
+        _, peaks, log_sums = kernels.row_stats(logits[None])
+        normaliser = (peaks[0], log_sums[0])
+    peak, log_sum = normaliser
     processed = apply_bias_and_mask(apply_penalties(logits, params, prompt, output), params, forbidden)
     if params.greedy:
         token = greedy_token if greedy_token is not None else int(torch.argmax(processed))
     else:
         token = int(torch.multinomial(filtered_probs(processed, params), 1, generator=generator))
     top: list[tuple[int, float]] = []
-    if params.logprobs:
-        values, ids = torch.topk(logprobs, params.logprobs)
+    if params.logprobs:  # only these rows need the whole log-softmax
+        values, ids = torch.topk(kernels.softmax(logits, log=True), params.logprobs)
         top = [(int(i), float(v)) for i, v in zip(ids, values, strict=True)]
-    return Sample(token, float(logprobs[token]), top)
+    return Sample(token, float((logits[token] - peak) - log_sum), top)

@@ -214,6 +214,23 @@ def test_attention_bits_equal_in_every_instruction_set_for_every_head_shape(cach
             assert torch.equal(_call(isa, "attention", *args), expected), (isa, head_dim, heads, kv_heads)
 
 
+@pytest.mark.parametrize("vocab", [1, 7, 64, 333, 49152])
+def test_row_stats_give_the_log_softmax_bits_and_torch_argmax(vocab):
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(6, vocab, generator=gen) * 4
+    logits[1] = logits[1].round()  # ties: the first maximum wins
+    logits[2, vocab // 2 :] = float("-inf")
+    logits[3, vocab // 3] = float("nan")  # torch.argmax: the first NaN
+    logits[4, -1] = 100.0  # the maximum in the row's last element (a chunk's tail)
+    for isa in ISAS:
+        argmax, peak, log_sum = _call(isa, "row_stats", logits)
+        assert torch.equal(argmax, torch.argmax(logits, dim=-1)), isa
+        log_softmax = _call(isa, "softmax", logits, True)
+        finite = [0, 1, 2, 4, 5]  # row 2 is all -inf at vocab 1: NaN in both
+        rebuilt = (logits[finite] - peak[finite, None]) - log_sum[finite, None]
+        torch.testing.assert_close(rebuilt, log_softmax[finite], rtol=0, atol=0, equal_nan=True, msg=isa)
+
+
 def _rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """The layer-by-layer path's RoPE (engine/layers/rope.py): x [N, heads, d], cos and sin [N, d]."""
     half = x.shape[-1] // 2

@@ -122,6 +122,23 @@ torch::Tensor softmax(const std::string& isa, const torch::Tensor& x, bool log_s
   return out;
 }
 
+// logits [S, V] float32 -> (argmax [S] int64, max [S] float32, log_sum [S] float32): each row's first
+// maximum, and its log-softmax as (x - max) - log_sum (the bits softmax(log_space) gives)
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> row_stats(const std::string& isa, const torch::Tensor& x) {
+  check_cpu(x, "logits");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.size(1) > 0, "logits must be [S, V] float32");
+  const int64_t rows = x.size(0), v = x.size(1);
+  auto argmax = torch::empty({rows}, x.options().dtype(torch::kLong));
+  auto max = torch::empty({rows}, x.options());
+  auto log_sum = torch::empty({rows}, x.options());
+  const auto& t = table_for(isa);
+  const float* xp = x.data_ptr<float>();
+  at::parallel_for(0, rows, 1, [&](int64_t b, int64_t e) {
+    t.row_stats(xp, v, argmax.data_ptr<int64_t>(), max.data_ptr<float>(), log_sum.data_ptr<float>(), b, e);
+  });
+  return {argmax, max, log_sum};
+}
+
 // gate_up [T, 2I] float32 or bfloat16 -> silu(gate) * up (GELU-tanh(gate) * up when ``gelu``), [T, I] float32
 torch::Tensor silu_mul(const std::string& isa, const torch::Tensor& gate_up, bool gelu) {
   check_cpu(gate_up, "gate_up");
@@ -249,6 +266,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantized_rows", &quantized_rows, "rows of a packed quantized weight as float32 (an embedding lookup)");
   m.def("rms_norm", &rms_norm, "x / rms(x) per row, float32 out");
   m.def("softmax", &softmax, "softmax or log-softmax per row");
+  m.def("row_stats", &row_stats, "each row's argmax and the max and log-sum of its log-softmax");
   m.def("silu_mul", &silu_mul, "silu(gate) * up (or GELU-tanh) per row of [gate | up]");
   m.def("rope", &rope, "RoPE on query and key heads; keys and values written to the paged cache");
   m.def("attention", &attention, "causal attention over the paged cache, read in place");

@@ -267,7 +267,7 @@ void rms_norm_rows(const T* x, int64_t D, float eps, float* out, int64_t begin, 
   }
 }
 
-// one row of V float32 logits in place of exps: returns (max, sum of exp(x - max)); buf holds the exps
+// one row of V float32 logits: returns (max, sum of exp(x - max)); buf (when given) holds the exps
 template <class O>
 void exp_row(const float* x, int64_t V_, float* buf, float* max_out, float* sum_out) {
   using V = typename O::V;
@@ -282,7 +282,7 @@ void exp_row(const float* x, int64_t V_, float* buf, float* max_out, float* sum_
   i = 0;
   for (; i + kLanes <= V_; i += kLanes) {
     const V e = vexp<O>(O::sub(O::load(x + i), mv));
-    O::store(buf + i, e);
+    if (buf != nullptr) O::store(buf + i, e);
     sum = O::add(sum, e);
   }
   if (i < V_) {
@@ -290,7 +290,7 @@ void exp_row(const float* x, int64_t V_, float* buf, float* max_out, float* sum_
     for (int j = 0; j < kLanes; ++j) tail[j] = i + j < V_ ? x[i + j] : ninf;
     const V e = vexp<O>(O::sub(O::load(tail), mv));
     O::store(tail, e);
-    std::copy(tail, tail + (V_ - i), buf + i);
+    if (buf != nullptr) std::copy(tail, tail + (V_ - i), buf + i);
     sum = O::add(sum, e);
   }
   *max_out = m;
@@ -317,6 +317,39 @@ void softmax_rows(const float* x, int64_t V_, bool log_space, float* out, int64_
       for (int64_t i = 0; i < full; i += kLanes) O::store(o + i, O::div(O::load(o + i), O::set1(sum)));
       for (int64_t i = full; i < V_; ++i) o[i] = o[i] / sum;
     }
+  }
+}
+
+// The index of x's first element for which hit(value) holds, or -1: whole chunks tested first (a loop
+// the compiler vectorises), then the chunk that holds it element by element
+template <class Hit>
+int64_t first_index(const float* x, int64_t n, const Hit& hit) {
+  constexpr int64_t kChunk = 64;
+  for (int64_t c = 0; c < n; c += kChunk) {
+    const int64_t stop = std::min(n, c + kChunk);
+    bool any = false;
+    for (int64_t i = c; i < stop; ++i) any |= hit(x[i]);
+    if (any)
+      for (int64_t i = c; i < stop; ++i)
+        if (hit(x[i])) return i;
+  }
+  return -1;
+}
+
+// logits [S, V] float32, rows [begin, end): the first index of each row's maximum (of its first NaN,
+// as torch.argmax), and the two numbers of its log-softmax, max and log_sum (exp_row's, so that
+// (x[i] - max) - log_sum is softmax_rows' log-space value of token i, bit for bit), without writing a row
+template <class O>
+void row_stats_rows(const float* x, int64_t V_, int64_t* argmax, float* max, float* log_sum, int64_t begin,
+                    int64_t end) {
+  for (int64_t s = begin; s < end; ++s) {
+    const float* row = x + s * V_;
+    float m, sum;
+    exp_row<O>(row, V_, nullptr, &m, &sum);
+    max[s] = m;
+    log_sum[s] = std::log(sum);
+    const int64_t nan = first_index(row, V_, [](float v) { return v != v; });
+    argmax[s] = nan >= 0 ? nan : first_index(row, V_, [m](float v) { return v == m; });
   }
 }
 

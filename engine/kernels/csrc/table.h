@@ -21,6 +21,7 @@ struct KernelTable {
   void (*rms_norm_f32)(const float*, int64_t, float, float*, int64_t, int64_t);
   void (*rms_norm_bf16)(const uint16_t*, int64_t, float, float*, int64_t, int64_t);
   void (*softmax)(const float*, int64_t, bool, float*, int64_t, int64_t);
+  void (*row_stats)(const float*, int64_t, int64_t*, float*, float*, int64_t, int64_t);
   void (*silu_mul_f32)(const float*, int64_t, bool, float*, int64_t, int64_t);
   void (*silu_mul_bf16)(const uint16_t*, int64_t, bool, float*, int64_t, int64_t);
   void (*qlinear_q8)(const float*, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
@@ -53,6 +54,7 @@ KernelTable make_table(const char* name) {
       &rms_norm_rows<O, float>,
       &rms_norm_rows<O, uint16_t>,
       &softmax_rows<O>,
+      &row_stats_rows<O>,
       &silu_mul_rows<O, float>,
       &silu_mul_rows<O, uint16_t>,
       &qlinear_panels<O, kQ8>,
