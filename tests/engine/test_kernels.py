@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -16,6 +19,16 @@ from engine import kernels
 COMPILED = kernels.backend().module is not None
 ISAS = kernels.compiled_isas() or (kernels.backend().name,)
 needs_compiled = pytest.mark.skipif(not COMPILED, reason="the C++ kernels are not built on this machine")
+
+
+@contextlib.contextmanager
+def _threads(count: int) -> Iterator[None]:
+    saved = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 def _call(isa: str, fn: str, *args):
@@ -212,6 +225,36 @@ def test_attention_bits_equal_in_every_instruction_set_for_every_head_shape(cach
         expected = _call("generic", "attention", *args)
         for isa in ISAS:
             assert torch.equal(_call(isa, "attention", *args), expected), (isa, head_dim, heads, kv_heads)
+
+
+@pytest.mark.parametrize("cache", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("window,softcap", [(0, 0.0), (0, 20.0), (5, 0.0)])
+def test_a_prefill_chunk_gives_each_row_its_own_bits_in_every_instruction_set(cache, window, softcap):
+    """A chunk's neighbouring rows (the AVX-512 table runs them in pairs that share each key's and value's
+    load) give the generic build's bits and each row's bits alone: chunks of odd and even length, first
+    rows at positions 0, 7 (the pair's extra key starts a vector), 8 and 41, beside decode rows."""
+    gen = torch.Generator().manual_seed(window + int(softcap) + len(cache))
+    dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[cache]
+    query_dtype = torch.bfloat16 if cache == "bfloat16" else torch.float32
+    tables = torch.randperm(48, generator=gen).view(4, 12)
+    # (request, first position, rows): enough rows that each thread's share holds pairs
+    chunks = [(0, 0, 21), (1, 7, 20), (2, 120, 1), (3, 8, 23)]
+    owners = torch.tensor([r for r, _, n in chunks for _ in range(n)])
+    positions = torch.tensor([p for _, first, n in chunks for p in range(first, first + n)])
+    for head_dim, heads, kv_heads in [(64, 9, 3), (80, 6, 2), (256, 8, 1), (40, 7, 1), (96, 12, 2)]:
+        k = torch.randn(48, kv_heads, 16, head_dim, generator=gen).to(dtype)
+        v = torch.randn(48, kv_heads, 16, head_dim, generator=gen).to(dtype)
+        q = torch.randn(len(positions), heads, head_dim, generator=gen).to(query_dtype)
+        extra = (head_dim**-0.5, window, softcap)
+        expected = _call("generic", "attention", q, k, v, tables, owners, positions, *extra)
+        for isa, count in itertools.product(ISAS, (1, 2)):
+            with _threads(count):
+                got = _call(isa, "attention", q, k, v, tables, owners, positions, *extra)
+            assert torch.equal(got, expected), (isa, count, head_dim, heads)
+            for row in (1, 6, 21, 22, 41, 42, 64):
+                alone = _call(isa, "attention", q[row : row + 1], k, v, tables, owners[row : row + 1],
+                              positions[row : row + 1], *extra)  # fmt: skip
+                assert torch.equal(alone[0], got[row]), (isa, head_dim, row)
 
 
 @pytest.mark.parametrize("vocab", [1, 7, 64, 333, 49152])

@@ -51,6 +51,43 @@ void wide_values(const float* p, int64_t p_stride, const int64_t* key_at, int64_
       _mm512_storeu_ps(out + h * out_stride + t * kPanel, _mm512_div_ps(acc[h][t], _mm512_set1_ps(total[h])));
 }
 
+// wide_values for two rows of one request (a prefill chunk's neighbours: the second sees the first's
+// L0 keys and one more): each V vector loaded once for both rows' HP heads over the shared keys, then
+// the second row's last key alone; each row's chains are wide_values' for that row alone
+template <class C, int HP, int N>
+void wide_values_pair(const float* p0, int64_t p0_stride, const float* p1, int64_t p1_stride, const int64_t* key_at,
+                      int64_t L0, const C* v, const float* total0, const float* total1, float* out0, float* out1,
+                      int64_t out_stride) {
+  __m512 acc0[HP][N], acc1[HP][N];
+  for (int h = 0; h < HP; ++h)
+    for (int t = 0; t < N; ++t) acc0[h][t] = acc1[h][t] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < L0; ++j) {
+    const C* vp = v + key_at[j];
+    __m512 pj0[HP], pj1[HP];
+    for (int h = 0; h < HP; ++h) {
+      pj0[h] = _mm512_set1_ps(p0[h * p0_stride + j]);
+      pj1[h] = _mm512_set1_ps(p1[h * p1_stride + j]);
+    }
+    for (int t = 0; t < N; ++t) {
+      const __m512 vt = load_values(vp + t * kPanel);
+      for (int h = 0; h < HP; ++h) {
+        acc0[h][t] = _mm512_fmadd_ps(pj0[h], vt, acc0[h][t]);
+        acc1[h][t] = _mm512_fmadd_ps(pj1[h], vt, acc1[h][t]);
+      }
+    }
+  }
+  const C* vp = v + key_at[L0];  // the second row's own last key
+  for (int t = 0; t < N; ++t) {
+    const __m512 vt = load_values(vp + t * kPanel);
+    for (int h = 0; h < HP; ++h) acc1[h][t] = _mm512_fmadd_ps(_mm512_set1_ps(p1[h * p1_stride + L0]), vt, acc1[h][t]);
+  }
+  for (int h = 0; h < HP; ++h)
+    for (int t = 0; t < N; ++t) {
+      _mm512_storeu_ps(out0 + h * out_stride + t * kPanel, _mm512_div_ps(acc0[h][t], _mm512_set1_ps(total0[h])));
+      _mm512_storeu_ps(out1 + h * out_stride + t * kPanel, _mm512_div_ps(acc1[h][t], _mm512_set1_ps(total1[h])));
+    }
+}
+
 // Keys u and u + 4's 8-lane vectors at the same offset, side by side in one 16-lane register, widened
 // exactly as the 8-lane loads do
 inline __m512 key_pair(const float* a, const float* b) {
@@ -73,6 +110,8 @@ inline __m512 key_pair(const Half* a, const Half* b) { return _mm512_cvtph_ps(ha
 // - values: lane i of vector t is output dimension 16 t + i; a head_dim that is not a multiple of 16
 //   takes the 8-lane pass.
 struct SixteenLanePasses {
+  static constexpr bool kPairRows = true;  // two rows' accumulators fit the 32 registers
+
   template <class O, class C, int HG>
   static void scores(const float* q, int64_t d, const C* const* kp, __m256 (*dot)[kLanes]) {
     constexpr int kPairs = kLanes / 2;
@@ -92,6 +131,73 @@ struct SixteenLanePasses {
         dot[h][i] = _mm512_castps512_ps256(acc[h][i]);
         dot[h][i + kPairs] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[h][i]), 1));
       }
+  }
+
+  // scores for two rows' HG heads (q0, q1) over the same eight keys: each key pair loaded and widened
+  // once for both; each row's dots those of scores() for that row
+  template <class O, class C, int HG>
+  static void scores_pair(const float* q0, const float* q1, int64_t d, const C* const* kp, __m256 (*dot0)[kLanes],
+                          __m256 (*dot1)[kLanes]) {
+    constexpr int kPairs = kLanes / 2;
+    __m512 acc0[HG][kPairs], acc1[HG][kPairs];
+    for (int h = 0; h < HG; ++h)
+      for (int i = 0; i < kPairs; ++i) acc0[h][i] = acc1[h][i] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < d; c += kLanes) {
+      __m512 key[kPairs];
+      for (int i = 0; i < kPairs; ++i) key[i] = key_pair(kp[i] + c, kp[i + kPairs] + c);
+      for (int h = 0; h < HG; ++h) {
+        const __m512 qv0 = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(q0 + h * d + c))));
+        const __m512 qv1 = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(q1 + h * d + c))));
+        for (int i = 0; i < kPairs; ++i) {
+          acc0[h][i] = _mm512_fmadd_ps(qv0, key[i], acc0[h][i]);
+          acc1[h][i] = _mm512_fmadd_ps(qv1, key[i], acc1[h][i]);
+        }
+      }
+    }
+    for (int h = 0; h < HG; ++h)
+      for (int i = 0; i < kPairs; ++i) {
+        dot0[h][i] = _mm512_castps512_ps256(acc0[h][i]);
+        dot0[h][i + kPairs] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc0[h][i]), 1));
+        dot1[h][i] = _mm512_castps512_ps256(acc1[h][i]);
+        dot1[h][i + kPairs] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc1[h][i]), 1));
+      }
+  }
+
+  // values for two rows of one request, the second seeing the first's L0 keys and one more: pieces of
+  // up to three heads by four vectors share each V load (2 x 12 accumulators); a head_dim that is not
+  // a multiple of 16 runs each row's values() alone
+  template <class O, class C>
+  static void values_pair(int64_t group, int64_t d, const float* p0, int64_t p0_stride, const float* p1,
+                          int64_t p1_stride, const int64_t* key_at, int64_t L0, const C* v_cache, const float* totals0,
+                          const float* totals1, float* out0, float* out1) {
+    if (d % kPanel != 0) {
+      values<O, C>(group, d, p0, p0_stride, key_at, L0, v_cache, totals0, out0);
+      values<O, C>(group, d, p1, p1_stride, key_at, L0 + 1, v_cache, totals1, out1);
+      return;
+    }
+    const int64_t nv = d / kPanel;
+    for (int64_t h0 = 0; h0 < group; h0 += 3) {
+      for (int64_t c = 0; c < nv; c += 4) {
+        const auto piece = [&](auto heads, auto vectors) {
+          wide_values_pair<C, decltype(heads)::value, decltype(vectors)::value>(
+              p0 + h0 * p0_stride, p0_stride, p1 + h0 * p1_stride, p1_stride, key_at, L0, v_cache + c * kPanel,
+              totals0 + h0, totals1 + h0, out0 + h0 * d + c * kPanel, out1 + h0 * d + c * kPanel, d);
+        };
+        const auto by_vectors = [&](auto heads) {
+          switch (std::min<int64_t>(4, nv - c)) {
+            case 4: piece(heads, std::integral_constant<int, 4>{}); break;
+            case 3: piece(heads, std::integral_constant<int, 3>{}); break;
+            case 2: piece(heads, std::integral_constant<int, 2>{}); break;
+            default: piece(heads, std::integral_constant<int, 1>{}); break;
+          }
+        };
+        switch (std::min<int64_t>(3, group - h0)) {
+          case 3: by_vectors(std::integral_constant<int, 3>{}); break;
+          case 2: by_vectors(std::integral_constant<int, 2>{}); break;
+          default: by_vectors(std::integral_constant<int, 1>{}); break;
+        }
+      }
+    }
   }
 
   template <class O, class C>

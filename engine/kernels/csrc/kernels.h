@@ -530,6 +530,8 @@ void value_pieces(int64_t lanes, int64_t group, int64_t d, const float* p, int64
 // each head's weights p (head h at p + h * p_stride) over the V rows at key_at, / its total (value_pieces
 // of weighted_values). A table may bring wider passes (isa_avx512_attention.cpp) that run the same chains.
 struct EightLanePasses {
+  static constexpr bool kPairRows = false;  // one row at a time (16 registers hold no pair)
+
   template <class O, class C, int HG>
   static void scores(const float* q, int64_t d, const C* const* kp, typename O::V (*dot)[kLanes]) {
     key_dots<O, C, HG>(q, d, kp, dot);
@@ -547,38 +549,137 @@ struct EightLanePasses {
   }
 };
 
+// The scores of one vector of keys for one head: its dots' horizontal sums (O::hsum8, each lane the
+// order of O::hsum), scaled (and softcapped), at sh; lanes from nk on are padding, -inf (exp gives 0)
+template <class O, class T, class C>
+void store_scores(const AttentionArgs<T, C>& a, const typename O::V* dot, int64_t nk, float* sh) {
+  O::store(sh, O::mul(O::hsum8(dot), O::set1(a.scale)));
+  if (a.softcap > 0.0f)
+    for (int64_t u = 0; u < nk; ++u) sh[u] = a.softcap * std::tanh(sh[u] / a.softcap);
+  for (int64_t u = nk; u < kLanes; ++u) sh[u] = -std::numeric_limits<float>::infinity();
+}
+
+// Each head's scores (head h's Lp at scores + h * Lp, padding -inf) in place of their exps (of
+// score - max: the max is exact in any order, and only subtracted), totals[h] their lane sums' hsum
+template <class O>
+void exps_of_scores(float* scores, int64_t group, int64_t Lp, float* totals) {
+  using V = typename O::V;
+  for (int64_t h = 0; h < group; ++h) {
+    float* s = scores + h * Lp;
+    V mv = O::set1(-std::numeric_limits<float>::infinity());
+    for (int64_t j = 0; j < Lp; j += kLanes) mv = O::max(O::load(s + j), mv);
+    const float m = O::hmax(mv);
+    V sum = O::zero();
+    for (int64_t j = 0; j < Lp; j += kLanes) {
+      const V e = vexp<O>(O::sub(O::load(s + j), O::set1(m)));
+      O::store(s + j, e);
+      sum = O::add(sum, e);
+    }
+    totals[h] = O::hsum(sum);
+  }
+}
+
+// One item's (or a row pair's) query heads as floats, their scores and their softmax totals
+struct ItemScratch {
+  std::vector<float> qf, scores, totals;
+};
+
 // work items [begin, end) of rows * kv_heads: one query row and one KV head (its group of query heads);
-// Passes: the score and value passes (EightLanePasses, or a table's wider ones)
+// Passes: the score and value passes (EightLanePasses, or a table's wider ones). A table whose passes
+// take two rows (Passes::kPairRows) runs a prefill chunk's neighbours, rows of one request at
+// consecutive positions, as a pair per KV head: each key's and value's load and widening serve both,
+// and each row's chains (scores over head_dim, softmax, values over its own keys) are its own, so the
+// bits are those of the rows alone.
 template <class O, class T, class C = T, class Passes = EightLanePasses>
 void attention_items(const AttentionArgs<T, C>& a, int64_t begin, int64_t end) {
   using V = typename O::V;
   const int64_t group = a.heads / a.kv_heads, d = a.d;
-  const float ninf = -std::numeric_limits<float>::infinity();
-  std::vector<float> qf(group * d), scores;
+  ItemScratch first, second;  // one row's (a pair: the first row's), a pair's second row's
+  first.qf.resize(group * d);
+  first.totals.resize(group);
   std::vector<int64_t> key_at, next_at;  // the keys of this item and of the next (item_keys)
-  std::vector<float> totals(group);  // each head's softmax denominator
+  int64_t next_item = -1;                // the item next_at holds the keys of
   // only keys no earlier row of this call has read come from memory (a prefill chunk's later rows
   // find theirs in cache): the far prefetches are for those
   const auto first_of_request = [&a](int64_t r) { return r == 0 || a.owners[r - 1] != a.owners[r]; };
-  if (begin < end) item_keys(a, begin, next_at);
-  for (int64_t item = begin; item < end; ++item) {
-    const int64_t row = item / a.kv_heads, g = item % a.kv_heads;
-    std::swap(key_at, next_at);
-    if (item + 1 < end) {
-      item_keys(a, item + 1, next_at);
-    } else {
-      next_at.clear();
-    }
-    const int64_t L = static_cast<int64_t>(key_at.size()), Lp = (L + kLanes - 1) / kLanes * kLanes;
-    const int64_t far_L = first_of_request(row) ? L : 0;
-    const bool next_far = item + 1 < end && first_of_request((item + 1) / a.kv_heads);
-    const int64_t next_L = next_far ? static_cast<int64_t>(next_at.size()) : 0;
+  const auto queries = [&a, group, d](int64_t row, int64_t g, std::vector<float>& qf) {
     const T* qrow = a.q + (row * a.heads + g * group) * d;
     for (int64_t i = 0; i < group * d; ++i) qf[i] = to_float(qrow[i]);
-    scores.assign(group * Lp, ninf);
+  };
+  // head h's scores over kp's eight keys: dots[h % kKeyDotHeads], computed for kKeyDotHeads heads at once
+  const auto score_heads = [d](int64_t h, int64_t heads, const float* qf, const C* const* kp, V(*dots)[kLanes]) {
+    switch (std::min<int64_t>(kKeyDotHeads, heads - h)) {
+      case 3: Passes::template scores<O, C, 3>(qf + h * d, d, kp, dots); break;
+      case 2: Passes::template scores<O, C, 2>(qf + h * d, d, kp, dots); break;
+      default: Passes::template scores<O, C, 1>(qf + h * d, d, kp, dots); break;
+    }
+  };
+  for (int64_t item = begin; item < end;) {
+    const int64_t row = item / a.kv_heads, g = item % a.kv_heads;
+    if constexpr (Passes::kPairRows) {
+      // a prefill chunk's row and the next, whole rows of this range: every KV head as a pair
+      if (g == 0 && item + 2 * a.kv_heads <= end && a.window == 0 && !first_of_request(row) &&
+          a.owners[row + 1] == a.owners[row] && a.positions[row + 1] == a.positions[row] + 1) {
+        if (second.qf.empty()) {
+          second.qf.resize(group * d);
+          second.totals.resize(group);
+        }
+        for (int64_t kv = 0; kv < a.kv_heads; ++kv) {
+          item_keys(a, (row + 1) * a.kv_heads + kv, key_at);  // the second row's: the first's and one more
+          const int64_t L1 = static_cast<int64_t>(key_at.size()), L0 = L1 - 1;
+          const int64_t Lp0 = (L0 + kLanes - 1) / kLanes * kLanes, Lp1 = (L1 + kLanes - 1) / kLanes * kLanes;
+          queries(row, kv, first.qf);
+          queries(row + 1, kv, second.qf);
+          first.scores.resize(group * Lp0);
+          second.scores.resize(group * Lp1);
+          for (int64_t j = 0; j < std::min(L1, kKeysAhead); ++j) prefetch_key(a, key_at[j]);
+          for (int64_t j0 = 0; j0 < L1; j0 += kLanes) {
+            const int64_t nk1 = std::min<int64_t>(kLanes, L1 - j0), nk0 = std::min<int64_t>(kLanes, L0 - j0);
+            for (int64_t j = j0 + kKeysAhead; j < std::min(L1, j0 + kKeysAhead + kLanes); ++j) prefetch_key(a, key_at[j]);
+            const C* kp[kLanes];
+            for (int64_t u = 0; u < kLanes; ++u) kp[u] = a.k_cache + key_at[j0 + std::min(u, nk1 - 1)];
+            V dots0[kKeyDotHeads][kLanes], dots1[kKeyDotHeads][kLanes];
+            for (int64_t h = 0; h < group; ++h) {
+              if (h % kKeyDotHeads == 0) {
+                switch (std::min<int64_t>(kKeyDotHeads, group - h)) {
+                  case 3: Passes::template scores_pair<O, C, 3>(first.qf.data() + h * d, second.qf.data() + h * d, d, kp, dots0, dots1); break;
+                  case 2: Passes::template scores_pair<O, C, 2>(first.qf.data() + h * d, second.qf.data() + h * d, d, kp, dots0, dots1); break;
+                  default: Passes::template scores_pair<O, C, 1>(first.qf.data() + h * d, second.qf.data() + h * d, d, kp, dots0, dots1); break;
+                }
+              }
+              // the first row's lanes past its own keys (the second's last key) are its padding
+              if (nk0 > 0) store_scores<O>(a, dots0[h % kKeyDotHeads], nk0, first.scores.data() + h * Lp0 + j0);
+              store_scores<O>(a, dots1[h % kKeyDotHeads], nk1, second.scores.data() + h * Lp1 + j0);
+            }
+          }
+          exps_of_scores<O>(first.scores.data(), group, Lp0, first.totals.data());
+          exps_of_scores<O>(second.scores.data(), group, Lp1, second.totals.data());
+          Passes::template values_pair<O, C>(group, d, first.scores.data(), Lp0, second.scores.data(), Lp1,
+                                             key_at.data(), L0, a.v_cache, first.totals.data(),
+                                             second.totals.data(), a.out + (row * a.heads + kv * group) * d,
+                                             a.out + ((row + 1) * a.heads + kv * group) * d);
+        }
+        item += 2 * a.kv_heads;
+        continue;
+      }
+    }
+    if (next_item == item) {
+      std::swap(key_at, next_at);
+    } else {
+      item_keys(a, item, key_at);
+    }
+    // the next item's keys, for the far prefetch into L2 when its row is a request's first
+    const bool next_far = item + 1 < end && first_of_request((item + 1) / a.kv_heads);
+    if (next_far) item_keys(a, item + 1, next_at);
+    next_item = next_far ? item + 1 : -1;
+    const int64_t L = static_cast<int64_t>(key_at.size()), Lp = (L + kLanes - 1) / kLanes * kLanes;
+    const int64_t far_L = first_of_request(row) ? L : 0;
+    const int64_t next_L = next_far ? static_cast<int64_t>(next_at.size()) : 0;
+    queries(row, g, first.qf);
+    first.scores.resize(group * Lp);
     // scores: keys eight at a time, so eight independent fma chains are in flight and their eight
-    // horizontal sums are one transposed reduction (O::hsum8, each lane the order of O::hsum); each
-    // key's own chain over head_dim is the same whichever keys share its group
+    // horizontal sums are one transposed reduction; each key's own chain over head_dim is the same
+    // whichever keys share its group
     for (int64_t j = 0; j < std::min(L, kKeysAhead); ++j) prefetch_key(a, key_at[j]);
     for (int64_t j0 = 0; j0 < L; j0 += kLanes) {
       const int64_t nk = std::min<int64_t>(kLanes, L - j0);
@@ -592,36 +693,15 @@ void attention_items(const AttentionArgs<T, C>& a, int64_t begin, int64_t end) {
       for (int64_t u = 0; u < kLanes; ++u) kp[u] = a.k_cache + key_at[j0 + std::min(u, nk - 1)];
       V dots[kKeyDotHeads][kLanes];
       for (int64_t h = 0; h < group; ++h) {
-        if (h % kKeyDotHeads == 0) {
-          switch (std::min<int64_t>(kKeyDotHeads, group - h)) {
-            case 3: Passes::template scores<O, C, 3>(qf.data() + h * d, d, kp, dots); break;
-            case 2: Passes::template scores<O, C, 2>(qf.data() + h * d, d, kp, dots); break;
-            default: Passes::template scores<O, C, 1>(qf.data() + h * d, d, kp, dots); break;
-          }
-        }
-        const V* dot = dots[h % kKeyDotHeads];
-        float* sh = scores.data() + h * Lp + j0;  // Lp is whole vectors, so the store stays in the row
-        O::store(sh, O::mul(O::hsum8(dot), O::set1(a.scale)));
-        if (a.softcap > 0.0f)
-          for (int64_t u = 0; u < nk; ++u) sh[u] = a.softcap * std::tanh(sh[u] / a.softcap);
-        for (int64_t u = nk; u < kLanes; ++u) sh[u] = ninf;  // padding: exp gives 0
+        if (h % kKeyDotHeads == 0) score_heads(h, group, first.qf.data(), kp, dots);
+        // Lp is whole vectors, so the store stays in the row
+        store_scores<O>(a, dots[h % kKeyDotHeads], nk, first.scores.data() + h * Lp + j0);
       }
     }
-    for (int64_t h = 0; h < group; ++h) {
-      float* s = scores.data() + h * Lp;
-      V mv = O::set1(ninf);  // padding lanes are -inf; max is exact in any order (m is only subtracted)
-      for (int64_t j = 0; j < Lp; j += kLanes) mv = O::max(O::load(s + j), mv);
-      const float m = O::hmax(mv);
-      V sum = O::zero();
-      for (int64_t j = 0; j < Lp; j += kLanes) {
-        const V e = vexp<O>(O::sub(O::load(s + j), O::set1(m)));
-        O::store(s + j, e);
-        sum = O::add(sum, e);
-      }
-      totals[h] = O::hsum(sum);
-    }
-    Passes::template values<O, C>(group, d, scores.data(), Lp, key_at.data(), L, a.v_cache, totals.data(),
-                               a.out + (row * a.heads + g * group) * d);
+    exps_of_scores<O>(first.scores.data(), group, Lp, first.totals.data());
+    Passes::template values<O, C>(group, d, first.scores.data(), Lp, key_at.data(), L, a.v_cache,
+                                  first.totals.data(), a.out + (row * a.heads + g * group) * d);
+    ++item;
   }
 }
 
