@@ -3,32 +3,21 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from engine import kernels
+from tests.threads import num_threads
 
 COMPILED = kernels.backend().module is not None
 ISAS = kernels.compiled_isas() or (kernels.backend().name,)
 needs_compiled = pytest.mark.skipif(not COMPILED, reason="the C++ kernels are not built on this machine")
-
-
-@contextlib.contextmanager
-def _threads(count: int) -> Iterator[None]:
-    saved = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
 
 
 def _call(isa: str, fn: str, *args):
@@ -248,7 +237,7 @@ def test_a_prefill_chunk_gives_each_row_its_own_bits_in_every_instruction_set(ca
         extra = (head_dim**-0.5, window, softcap)
         expected = _call("generic", "attention", q, k, v, tables, owners, positions, *extra)
         for isa, count in itertools.product(ISAS, (1, 2)):
-            with _threads(count):
+            with num_threads(count):
                 got = _call(isa, "attention", q, k, v, tables, owners, positions, *extra)
             assert torch.equal(got, expected), (isa, count, head_dim, heads)
             for row in (1, 6, 21, 22, 41, 42, 64):

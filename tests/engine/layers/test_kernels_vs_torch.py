@@ -14,8 +14,7 @@ What tests/engine/test_kernels.py leaves out and this file adds:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
@@ -23,20 +22,11 @@ import torch
 import torch.nn.functional as F
 
 from engine import kernels
+from tests.threads import num_threads
 
 BATCHES = (1, 2, 7, 33)
 THREADS = (1, 2)
 U32 = 2.0**-24  # float32 unit roundoff
-
-
-@contextmanager
-def num_threads(count: int) -> Iterator[None]:
-    saved = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
 
 
 def _gen(seed: int) -> torch.Generator:
