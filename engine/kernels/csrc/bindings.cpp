@@ -227,8 +227,8 @@ torch::Tensor rope(const std::string& isa, const torch::Tensor& qk, const torch:
   TORCH_CHECK(k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes() && k_cache.scalar_type() == v_cache.scalar_type(),
               "caches must be [blocks, kv_heads, block, d], K and V alike");
   const int64_t rows = qk.size(0), kv_heads = k_cache.size(1), block = k_cache.size(2), d = k_cache.size(3);
-  TORCH_CHECK(qk.dim() == 3 && qk.size(2) == d && d <= nxk::kMaxHeadDim && qk.size(1) > kv_heads,
-              "qk must be [N, heads + kv_heads, d]");
+  TORCH_CHECK(qk.dim() == 3 && qk.size(2) == d && d % 2 == 0 && d <= nxk::kMaxHeadDim && qk.size(1) > kv_heads,
+              "qk must be [N, heads + kv_heads, d], d even");
   const int64_t heads = qk.size(1) - kv_heads;
   TORCH_CHECK(v.dim() == 3 && v.size(0) == rows && v.size(1) == kv_heads && v.size(2) == d, "v must be [N, kv_heads, d]");
   TORCH_CHECK(cos.numel() == rows * d && sin.numel() == rows * d && slots.numel() == rows,
@@ -238,19 +238,18 @@ torch::Tensor rope(const std::string& isa, const torch::Tensor& qk, const torch:
     TORCH_CHECK(slot[r] >= 0 && slot[r] < k_cache.size(0) * block, "slot out of the cache");
   auto q = torch::empty({rows, heads, d}, qk.options());
   const auto& t = table_for(isa);
-  const auto run = [&](auto* kc, auto* vc, auto entry) {
+  const auto run = [&](auto* kc, auto* vc) {
     using C = std::remove_pointer_t<decltype(kc)>;
     const nxk::RopeRows<C> a{qk.data_ptr<float>(), (heads + kv_heads) * d, v.data_ptr<float>(), kv_heads * d,
                              cos.data_ptr<float>(), sin.data_ptr<float>(), slot, heads, kv_heads, d, block,
                              q.data_ptr<float>(), kc, vc};
-    at::parallel_for(0, rows, 1, [&](int64_t b, int64_t e) { entry(a, b, e); });
+    nxk::run_rope(t, a, rows, 1);
   };
   if (k_cache.scalar_type() == torch::kHalf) {
-    run(reinterpret_cast<nxk::Half*>(k_cache.data_ptr<at::Half>()), reinterpret_cast<nxk::Half*>(v_cache.data_ptr<at::Half>()),
-        t.rope_rows_f16);
+    run(reinterpret_cast<nxk::Half*>(k_cache.data_ptr<at::Half>()), reinterpret_cast<nxk::Half*>(v_cache.data_ptr<at::Half>()));
   } else {
     TORCH_CHECK(k_cache.scalar_type() == torch::kFloat32, "caches must be float32 or float16");
-    run(k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), t.rope_rows_f32);
+    run(k_cache.data_ptr<float>(), v_cache.data_ptr<float>());
   }
   return q;
 }

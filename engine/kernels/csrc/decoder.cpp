@@ -27,10 +27,6 @@ void check_cpu(const torch::Tensor& t, const char* what) {
 float* kernel_view(float* cache) { return cache; }
 Half* kernel_view(at::Half* cache) { return reinterpret_cast<Half*>(cache); }
 
-// RoPE and the cache writes of rows [b, e) through the table's entry for the cache's type
-void rope_rows(const KernelTable& t, const RopeRows<float>& a, int64_t b, int64_t e) { t.rope_rows_f32(a, b, e); }
-void rope_rows(const KernelTable& t, const RopeRows<Half>& a, int64_t b, int64_t e) { t.rope_rows_f16(a, b, e); }
-
 // fn(k, v) with a layer's caches as typed pointers (float* or at::Half*), resolved once per layer
 template <class F>
 void with_caches(const DecoderLayer& layer, const F& fn) {
@@ -225,10 +221,9 @@ torch::Tensor DecoderStack::forward(const std::string& isa, const torch::Tensor&
     with_caches(layer, [&](auto* kc, auto* vc) {
       const auto k_view = kernel_view(kc);
       using C = std::remove_pointer_t<decltype(k_view)>;
-      // RoPE and the cache writes, rows shared between threads (each row writes its own slot)
       const RopeRows<C> rope{qk_src, qk_stride, qkv_.data() + q_size + kv_size, qkv_n, cs, sn, slot, heads_,
                              kv_heads_, d, block, q_.data(), k_view, kernel_view(vc)};
-      at::parallel_for(0, rows, kRowGrain, [&](int64_t b, int64_t e) { rope_rows(t, rope, b, e); });
+      run_rope(t, rope, rows, kRowGrain);
       const AttentionArgs<float, C> args{
           q_.data(), k_view, kernel_view(vc), tables.data_ptr<int64_t>(), tables.size(1), owners.data_ptr<int64_t>(),
           positions.data_ptr<int64_t>(), heads_, kv_heads_, d, block, static_cast<float>(scale_), window_, 0.0f,

@@ -163,9 +163,9 @@ struct SixteenLanePasses {
       }
   }
 
-  // values for two rows of one request, the second seeing the first's L0 keys and one more: pieces of
-  // up to three heads by four vectors share each V load (2 x 12 accumulators); a head_dim that is not
-  // a multiple of 16 runs each row's values() alone
+  // values for two rows of one request, the second seeing the first's L0 keys and one more: value_pieces
+  // of half the accumulators (the pair holds both rows'), each V load shared; a head_dim that is not a
+  // multiple of 16 runs each row's values() alone
   template <class O, class C>
   static void values_pair(int64_t group, int64_t d, const float* p0, int64_t p0_stride, const float* p1,
                           int64_t p1_stride, const int64_t* key_at, int64_t L0, const C* v_cache, const float* totals0,
@@ -175,29 +175,14 @@ struct SixteenLanePasses {
       values<O, C>(group, d, p1, p1_stride, key_at, L0 + 1, v_cache, totals1, out1);
       return;
     }
-    const int64_t nv = d / kPanel;
-    for (int64_t h0 = 0; h0 < group; h0 += 3) {
-      for (int64_t c = 0; c < nv; c += 4) {
-        const auto piece = [&](auto heads, auto vectors) {
-          wide_values_pair<C, decltype(heads)::value, decltype(vectors)::value>(
-              p0 + h0 * p0_stride, p0_stride, p1 + h0 * p1_stride, p1_stride, key_at, L0, v_cache + c * kPanel,
-              totals0 + h0, totals1 + h0, out0 + h0 * d + c * kPanel, out1 + h0 * d + c * kPanel, d);
-        };
-        const auto by_vectors = [&](auto heads) {
-          switch (std::min<int64_t>(4, nv - c)) {
-            case 4: piece(heads, std::integral_constant<int, 4>{}); break;
-            case 3: piece(heads, std::integral_constant<int, 3>{}); break;
-            case 2: piece(heads, std::integral_constant<int, 2>{}); break;
-            default: piece(heads, std::integral_constant<int, 1>{}); break;
-          }
-        };
-        switch (std::min<int64_t>(3, group - h0)) {
-          case 3: by_vectors(std::integral_constant<int, 3>{}); break;
-          case 2: by_vectors(std::integral_constant<int, 2>{}); break;
-          default: by_vectors(std::integral_constant<int, 1>{}); break;
-        }
-      }
-    }
+    value_pieces<kWideValueAccumulators / 2>(
+        kPanel, group, d, p0, p0_stride, v_cache, totals0, out0,
+        [&](auto heads, auto vectors, const float* ph, const C* v, const float* tot, float* o) {
+          constexpr int HP = decltype(heads)::value, N = decltype(vectors)::value;
+          const int64_t h0 = tot - totals0;  // the piece's first head; its dimensions are o's offset in out0
+          wide_values_pair<C, HP, N>(ph, p0_stride, p1 + h0 * p1_stride, p1_stride, key_at, L0, v, tot, totals1 + h0, o,
+                                     out1 + (o - out0), d);
+        });
   }
 
   template <class O, class C>

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "vec.h"
@@ -579,10 +580,65 @@ void exps_of_scores(float* scores, int64_t group, int64_t Lp, float* totals) {
   }
 }
 
-// One item's (or a row pair's) query heads as floats, their scores and their softmax totals
+// One row's query heads (of one KV group) as floats, their scores and their softmax totals
 struct ItemScratch {
+  ItemScratch(int64_t group, int64_t d) : qf(group * d), totals(group) {}
   std::vector<float> qf, scores, totals;
 };
+
+// fn(heads) for the heads [h, h + kKeyDotHeads) of a group of ``group``, heads an std::integral_constant
+// (fewer at the group's end): one score pass's heads
+template <class F>
+void by_score_heads(int64_t h, int64_t group, const F& fn) {
+  switch (std::min<int64_t>(kKeyDotHeads, group - h)) {
+    case 3: fn(std::integral_constant<int, 3>{}); break;
+    case 2: fn(std::integral_constant<int, 2>{}); break;
+    default: fn(std::integral_constant<int, 1>{}); break;
+  }
+}
+
+// Two rows of one request at consecutive positions (a prefill chunk's neighbours), KV head g, for passes
+// that take pairs (Passes::kPairRows): the second row sees the first's keys and one more; each key
+// vector's load and widening serve both rows' score chains, each V vector both rows' value chains. Each
+// row's chains are its own, so its bits are those of the row alone. key_at: scratch for the keys.
+template <class O, class T, class C, class Passes>
+void attention_pair(const AttentionArgs<T, C>& a, int64_t row, int64_t g, ItemScratch& first, ItemScratch& second,
+                    std::vector<int64_t>& key_at) {
+  using V = typename O::V;
+  const int64_t group = a.heads / a.kv_heads, d = a.d;
+  item_keys(a, (row + 1) * a.kv_heads + g, key_at);  // the second row's: the first's and one more
+  const int64_t L1 = static_cast<int64_t>(key_at.size()), L0 = L1 - 1;
+  const int64_t Lp0 = (L0 + kLanes - 1) / kLanes * kLanes, Lp1 = (L1 + kLanes - 1) / kLanes * kLanes;
+  for (auto [r, s] : {std::pair<int64_t, ItemScratch*>{row, &first}, {row + 1, &second}}) {
+    const T* qrow = a.q + (r * a.heads + g * group) * d;
+    for (int64_t i = 0; i < group * d; ++i) s->qf[i] = to_float(qrow[i]);
+  }
+  first.scores.resize(group * Lp0);
+  second.scores.resize(group * Lp1);
+  for (int64_t j = 0; j < std::min(L1, kKeysAhead); ++j) prefetch_key(a, key_at[j]);
+  for (int64_t j0 = 0; j0 < L1; j0 += kLanes) {
+    const int64_t nk1 = std::min<int64_t>(kLanes, L1 - j0), nk0 = std::min<int64_t>(kLanes, L0 - j0);
+    for (int64_t j = j0 + kKeysAhead; j < std::min(L1, j0 + kKeysAhead + kLanes); ++j) prefetch_key(a, key_at[j]);
+    const C* kp[kLanes];
+    for (int64_t u = 0; u < kLanes; ++u) kp[u] = a.k_cache + key_at[j0 + std::min(u, nk1 - 1)];
+    V dots0[kKeyDotHeads][kLanes], dots1[kKeyDotHeads][kLanes];
+    for (int64_t h = 0; h < group; ++h) {
+      if (h % kKeyDotHeads == 0)
+        by_score_heads(h, group, [&](auto heads) {
+          Passes::template scores_pair<O, C, decltype(heads)::value>(first.qf.data() + h * d, second.qf.data() + h * d,
+                                                                     d, kp, dots0, dots1);
+        });
+      // the first row's lanes past its own keys (the second's last key) are its padding
+      if (nk0 > 0) store_scores<O>(a, dots0[h % kKeyDotHeads], nk0, first.scores.data() + h * Lp0 + j0);
+      store_scores<O>(a, dots1[h % kKeyDotHeads], nk1, second.scores.data() + h * Lp1 + j0);
+    }
+  }
+  exps_of_scores<O>(first.scores.data(), group, Lp0, first.totals.data());
+  exps_of_scores<O>(second.scores.data(), group, Lp1, second.totals.data());
+  Passes::template values_pair<O, C>(group, d, first.scores.data(), Lp0, second.scores.data(), Lp1, key_at.data(), L0,
+                                     a.v_cache, first.totals.data(), second.totals.data(),
+                                     a.out + (row * a.heads + g * group) * d, a.out + ((row + 1) * a.heads + g * group) * d);
+}
 
 // work items [begin, end) of rows * kv_heads: one query row and one KV head (its group of query heads);
 // Passes: the score and value passes (EightLanePasses, or a table's wider ones). A table whose passes
@@ -594,71 +650,19 @@ template <class O, class T, class C = T, class Passes = EightLanePasses>
 void attention_items(const AttentionArgs<T, C>& a, int64_t begin, int64_t end) {
   using V = typename O::V;
   const int64_t group = a.heads / a.kv_heads, d = a.d;
-  ItemScratch first, second;  // one row's (a pair: the first row's), a pair's second row's
-  first.qf.resize(group * d);
-  first.totals.resize(group);
+  ItemScratch first(group, d), second(group, d);  // one row's (a pair: the first row's), a pair's second row's
   std::vector<int64_t> key_at, next_at;  // the keys of this item and of the next (item_keys)
   int64_t next_item = -1;                // the item next_at holds the keys of
   // only keys no earlier row of this call has read come from memory (a prefill chunk's later rows
   // find theirs in cache): the far prefetches are for those
   const auto first_of_request = [&a](int64_t r) { return r == 0 || a.owners[r - 1] != a.owners[r]; };
-  const auto queries = [&a, group, d](int64_t row, int64_t g, std::vector<float>& qf) {
-    const T* qrow = a.q + (row * a.heads + g * group) * d;
-    for (int64_t i = 0; i < group * d; ++i) qf[i] = to_float(qrow[i]);
-  };
-  // head h's scores over kp's eight keys: dots[h % kKeyDotHeads], computed for kKeyDotHeads heads at once
-  const auto score_heads = [d](int64_t h, int64_t heads, const float* qf, const C* const* kp, V(*dots)[kLanes]) {
-    switch (std::min<int64_t>(kKeyDotHeads, heads - h)) {
-      case 3: Passes::template scores<O, C, 3>(qf + h * d, d, kp, dots); break;
-      case 2: Passes::template scores<O, C, 2>(qf + h * d, d, kp, dots); break;
-      default: Passes::template scores<O, C, 1>(qf + h * d, d, kp, dots); break;
-    }
-  };
   for (int64_t item = begin; item < end;) {
     const int64_t row = item / a.kv_heads, g = item % a.kv_heads;
     if constexpr (Passes::kPairRows) {
       // a prefill chunk's row and the next, whole rows of this range: every KV head as a pair
       if (g == 0 && item + 2 * a.kv_heads <= end && a.window == 0 && !first_of_request(row) &&
           a.owners[row + 1] == a.owners[row] && a.positions[row + 1] == a.positions[row] + 1) {
-        if (second.qf.empty()) {
-          second.qf.resize(group * d);
-          second.totals.resize(group);
-        }
-        for (int64_t kv = 0; kv < a.kv_heads; ++kv) {
-          item_keys(a, (row + 1) * a.kv_heads + kv, key_at);  // the second row's: the first's and one more
-          const int64_t L1 = static_cast<int64_t>(key_at.size()), L0 = L1 - 1;
-          const int64_t Lp0 = (L0 + kLanes - 1) / kLanes * kLanes, Lp1 = (L1 + kLanes - 1) / kLanes * kLanes;
-          queries(row, kv, first.qf);
-          queries(row + 1, kv, second.qf);
-          first.scores.resize(group * Lp0);
-          second.scores.resize(group * Lp1);
-          for (int64_t j = 0; j < std::min(L1, kKeysAhead); ++j) prefetch_key(a, key_at[j]);
-          for (int64_t j0 = 0; j0 < L1; j0 += kLanes) {
-            const int64_t nk1 = std::min<int64_t>(kLanes, L1 - j0), nk0 = std::min<int64_t>(kLanes, L0 - j0);
-            for (int64_t j = j0 + kKeysAhead; j < std::min(L1, j0 + kKeysAhead + kLanes); ++j) prefetch_key(a, key_at[j]);
-            const C* kp[kLanes];
-            for (int64_t u = 0; u < kLanes; ++u) kp[u] = a.k_cache + key_at[j0 + std::min(u, nk1 - 1)];
-            V dots0[kKeyDotHeads][kLanes], dots1[kKeyDotHeads][kLanes];
-            for (int64_t h = 0; h < group; ++h) {
-              if (h % kKeyDotHeads == 0) {
-                switch (std::min<int64_t>(kKeyDotHeads, group - h)) {
-                  case 3: Passes::template scores_pair<O, C, 3>(first.qf.data() + h * d, second.qf.data() + h * d, d, kp, dots0, dots1); break;
-                  case 2: Passes::template scores_pair<O, C, 2>(first.qf.data() + h * d, second.qf.data() + h * d, d, kp, dots0, dots1); break;
-                  default: Passes::template scores_pair<O, C, 1>(first.qf.data() + h * d, second.qf.data() + h * d, d, kp, dots0, dots1); break;
-                }
-              }
-              // the first row's lanes past its own keys (the second's last key) are its padding
-              if (nk0 > 0) store_scores<O>(a, dots0[h % kKeyDotHeads], nk0, first.scores.data() + h * Lp0 + j0);
-              store_scores<O>(a, dots1[h % kKeyDotHeads], nk1, second.scores.data() + h * Lp1 + j0);
-            }
-          }
-          exps_of_scores<O>(first.scores.data(), group, Lp0, first.totals.data());
-          exps_of_scores<O>(second.scores.data(), group, Lp1, second.totals.data());
-          Passes::template values_pair<O, C>(group, d, first.scores.data(), Lp0, second.scores.data(), Lp1,
-                                             key_at.data(), L0, a.v_cache, first.totals.data(),
-                                             second.totals.data(), a.out + (row * a.heads + kv * group) * d,
-                                             a.out + ((row + 1) * a.heads + kv * group) * d);
-        }
+        for (int64_t kv = 0; kv < a.kv_heads; ++kv) attention_pair<O, T, C, Passes>(a, row, kv, first, second, key_at);
         item += 2 * a.kv_heads;
         continue;
       }
@@ -675,7 +679,8 @@ void attention_items(const AttentionArgs<T, C>& a, int64_t begin, int64_t end) {
     const int64_t L = static_cast<int64_t>(key_at.size()), Lp = (L + kLanes - 1) / kLanes * kLanes;
     const int64_t far_L = first_of_request(row) ? L : 0;
     const int64_t next_L = next_far ? static_cast<int64_t>(next_at.size()) : 0;
-    queries(row, g, first.qf);
+    const T* qrow = a.q + (row * a.heads + g * group) * d;
+    for (int64_t i = 0; i < group * d; ++i) first.qf[i] = to_float(qrow[i]);
     first.scores.resize(group * Lp);
     // scores: keys eight at a time, so eight independent fma chains are in flight and their eight
     // horizontal sums are one transposed reduction; each key's own chain over head_dim is the same
@@ -693,7 +698,10 @@ void attention_items(const AttentionArgs<T, C>& a, int64_t begin, int64_t end) {
       for (int64_t u = 0; u < kLanes; ++u) kp[u] = a.k_cache + key_at[j0 + std::min(u, nk - 1)];
       V dots[kKeyDotHeads][kLanes];
       for (int64_t h = 0; h < group; ++h) {
-        if (h % kKeyDotHeads == 0) score_heads(h, group, first.qf.data(), kp, dots);
+        if (h % kKeyDotHeads == 0)
+          by_score_heads(h, group, [&](auto heads) {
+            Passes::template scores<O, C, decltype(heads)::value>(first.qf.data() + h * d, d, kp, dots);
+          });
         // Lp is whole vectors, so the store stays in the row
         store_scores<O>(a, dots[h % kKeyDotHeads], nk, first.scores.data() + h * Lp + j0);
       }

@@ -126,6 +126,19 @@ void run_silu_mul(const KernelTable& t, const T* gate_up, int64_t rows, int64_t 
   });
 }
 
+// RoPE and the cache writes of a step's rows (rope.h) through the table's entry for the cache's type,
+// rows shared between threads (each row writes its own slot, so the split changes no bit)
+template <class C>
+void run_rope(const KernelTable& t, const RopeRows<C>& a, int64_t rows, int64_t grain) {
+  at::parallel_for(0, rows, grain, [&](int64_t b, int64_t e) {
+    if constexpr (std::is_same_v<C, Half>) {
+      t.rope_rows_f16(a, b, e);
+    } else {
+      t.rope_rows_f32(a, b, e);
+    }
+  });
+}
+
 // attention for every (query row, KV head) item of ``a``. Items cost what their row's keys cost (a
 // prefill chunk's first rows see few keys, a long conversation's decode row many), so equal shares of
 // items are unequal shares of work: each thread takes the next few items from a shared counter until
