@@ -584,7 +584,27 @@ void exps_of_scores(float* scores, int64_t group, int64_t Lp, float* totals) {
 struct ItemScratch {
   ItemScratch(int64_t group, int64_t d) : qf(group * d), totals(group) {}
   std::vector<float> qf, scores, totals;
+
+  // Takes row's query heads of KV head g as floats; scores holds Lp (whole vectors of) keys per head
+  template <class T, class C>
+  void start(const AttentionArgs<T, C>& a, int64_t row, int64_t g, int64_t Lp) {
+    const int64_t group = a.heads / a.kv_heads;
+    const T* qrow = a.q + (row * a.heads + g * group) * a.d;
+    for (int64_t i = 0; i < group * a.d; ++i) qf[i] = to_float(qrow[i]);
+    scores.resize(group * Lp);
+  }
 };
+
+// The keys' vector from j0 (of L, at key_at) into kp (past L the last key again, padding), with the
+// near prefetch into L1 kKeysAhead keys on (the first vector also prefetches the first kKeysAhead)
+template <class T, class C>
+void near_keys(const AttentionArgs<T, C>& a, const std::vector<int64_t>& key_at, int64_t j0, int64_t L, const C** kp) {
+  if (j0 == 0)
+    for (int64_t j = 0; j < std::min(L, kKeysAhead); ++j) prefetch_key(a, key_at[j]);
+  for (int64_t j = j0 + kKeysAhead; j < std::min(L, j0 + kKeysAhead + kLanes); ++j) prefetch_key(a, key_at[j]);
+  const int64_t nk = std::min<int64_t>(kLanes, L - j0);
+  for (int64_t u = 0; u < kLanes; ++u) kp[u] = a.k_cache + key_at[j0 + std::min(u, nk - 1)];
+}
 
 // fn(heads) for the heads [h, h + kKeyDotHeads) of a group of ``group``, heads an std::integral_constant
 // (fewer at the group's end): one score pass's heads
@@ -609,18 +629,12 @@ void attention_pair(const AttentionArgs<T, C>& a, int64_t row, int64_t g, ItemSc
   item_keys(a, (row + 1) * a.kv_heads + g, key_at);  // the second row's: the first's and one more
   const int64_t L1 = static_cast<int64_t>(key_at.size()), L0 = L1 - 1;
   const int64_t Lp0 = (L0 + kLanes - 1) / kLanes * kLanes, Lp1 = (L1 + kLanes - 1) / kLanes * kLanes;
-  for (auto [r, s] : {std::pair<int64_t, ItemScratch*>{row, &first}, {row + 1, &second}}) {
-    const T* qrow = a.q + (r * a.heads + g * group) * d;
-    for (int64_t i = 0; i < group * d; ++i) s->qf[i] = to_float(qrow[i]);
-  }
-  first.scores.resize(group * Lp0);
-  second.scores.resize(group * Lp1);
-  for (int64_t j = 0; j < std::min(L1, kKeysAhead); ++j) prefetch_key(a, key_at[j]);
+  first.start(a, row, g, Lp0);
+  second.start(a, row + 1, g, Lp1);
   for (int64_t j0 = 0; j0 < L1; j0 += kLanes) {
     const int64_t nk1 = std::min<int64_t>(kLanes, L1 - j0), nk0 = std::min<int64_t>(kLanes, L0 - j0);
-    for (int64_t j = j0 + kKeysAhead; j < std::min(L1, j0 + kKeysAhead + kLanes); ++j) prefetch_key(a, key_at[j]);
     const C* kp[kLanes];
-    for (int64_t u = 0; u < kLanes; ++u) kp[u] = a.k_cache + key_at[j0 + std::min(u, nk1 - 1)];
+    near_keys(a, key_at, j0, L1, kp);
     V dots0[kKeyDotHeads][kLanes], dots1[kKeyDotHeads][kLanes];
     for (int64_t h = 0; h < group; ++h) {
       if (h % kKeyDotHeads == 0)
@@ -679,23 +693,19 @@ void attention_items(const AttentionArgs<T, C>& a, int64_t begin, int64_t end) {
     const int64_t L = static_cast<int64_t>(key_at.size()), Lp = (L + kLanes - 1) / kLanes * kLanes;
     const int64_t far_L = first_of_request(row) ? L : 0;
     const int64_t next_L = next_far ? static_cast<int64_t>(next_at.size()) : 0;
-    const T* qrow = a.q + (row * a.heads + g * group) * d;
-    for (int64_t i = 0; i < group * d; ++i) first.qf[i] = to_float(qrow[i]);
-    first.scores.resize(group * Lp);
+    first.start(a, row, g, Lp);
     // scores: keys eight at a time, so eight independent fma chains are in flight and their eight
     // horizontal sums are one transposed reduction; each key's own chain over head_dim is the same
     // whichever keys share its group
-    for (int64_t j = 0; j < std::min(L, kKeysAhead); ++j) prefetch_key(a, key_at[j]);
     for (int64_t j0 = 0; j0 < L; j0 += kLanes) {
       const int64_t nk = std::min<int64_t>(kLanes, L - j0);
-      for (int64_t j = j0 + kKeysAhead; j < std::min(L, j0 + kKeysAhead + kLanes); ++j) prefetch_key(a, key_at[j]);
+      const C* kp[kLanes];
+      near_keys(a, key_at, j0, L, kp);
       // into L2: this item's keys kKeysAheadL2 ahead, and the next item's spread over this score pass
       for (int64_t j = j0 + kKeysAheadL2; j < std::min(far_L, j0 + kKeysAheadL2 + kLanes); ++j)
         prefetch_key<2>(a, key_at[j]);
       for (int64_t j = j0 * next_L / L, stop = std::min(L, j0 + kLanes) * next_L / L; j < stop; ++j)
         prefetch_key<2>(a, next_at[j]);
-      const C* kp[kLanes];
-      for (int64_t u = 0; u < kLanes; ++u) kp[u] = a.k_cache + key_at[j0 + std::min(u, nk - 1)];
       V dots[kKeyDotHeads][kLanes];
       for (int64_t h = 0; h < group; ++h) {
         if (h % kKeyDotHeads == 0)
