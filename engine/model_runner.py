@@ -14,12 +14,14 @@ from engine.scheduler import SchedulerOutput
 @dataclass(frozen=True)
 class RowSpan:
     """One request's rows in a forward: ``tokens`` at positions ``start ..``, K/V written through
-    ``block_table``; the last ``sampled`` rows have their logits returned (0: none)."""
+    ``block_table``; the last ``sampled`` rows have their logits returned (0: none). ``context``: the
+    rows are prompt tokens before the request's last (they only write K/V; ForwardBatch.context_rows)."""
 
     tokens: list[int]
     start: int
     block_table: list[int]
     sampled: int
+    context: bool = False
 
 
 def _block_tables(tables: list[list[int]], device: torch.device) -> torch.Tensor:
@@ -29,13 +31,17 @@ def _block_tables(tables: list[list[int]], device: torch.device) -> torch.Tensor
 
 
 def lay_out(spans: list[RowSpan], block_size: int, device: torch.device) -> tuple[ForwardBatch, list[int]]:
-    """Rows as [one-row spans | the rows of each longer span], and per span (in ``spans`` order) the
-    index in the returned logits of its last sampled row (-1 when it samples none); a span's sampled
-    rows are consecutive there."""
-    order = [i for i, s in enumerate(spans) if len(s.tokens) == 1] + [
-        i for i, s in enumerate(spans) if len(s.tokens) > 1
-    ]
-    singles = sum(len(spans[i].tokens) == 1 for i in order)
+    """Rows as [one-row spans | the rows of each longer span | the rows of each context span], and per
+    span (in ``spans`` order) the index in the returned logits of its last sampled row (-1 when it
+    samples none); a span's sampled rows are consecutive there. Context spans come last, so the
+    context rows are the batch's last ``context_rows`` (a row's place never changes its bits)."""
+    own = [i for i, s in enumerate(spans) if not s.context]
+    order = (
+        [i for i in own if len(spans[i].tokens) == 1]
+        + [i for i in own if len(spans[i].tokens) > 1]
+        + [i for i, s in enumerate(spans) if s.context]
+    )
+    singles = sum(len(spans[i].tokens) == 1 for i in own)
     tokens: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -52,7 +58,7 @@ def lay_out(spans: list[RowSpan], block_size: int, device: torch.device) -> tupl
         if span.sampled:
             sample_rows.extend(range(row0 + n - span.sampled, row0 + n))
             last_sampled[i] = len(sample_rows) - 1
-        if n > 1:
+        if n > 1 or span.context:
             pos = torch.arange(span.start, span.start + n, device=device)[None, :]
             groups.append(AttentionGroup(row0, 1, n, _block_tables([span.block_table], device), pos))
     if singles:
@@ -70,6 +76,7 @@ def lay_out(spans: list[RowSpan], block_size: int, device: torch.device) -> tupl
         slots=torch.tensor(slots, dtype=torch.long, device=device),
         groups=groups,
         sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=device),
+        context_rows=sum(len(s.tokens) for s in spans if s.context),
     )
     return batch, last_sampled
 
@@ -86,16 +93,25 @@ class ModelRunner:
         """The step's ForwardBatch, and per scheduled request (in ``out.scheduled`` order) the index of
         its row in the returned logits, or None when this step does not reach the end of its tokens.
         A request verifying k proposals (engine/spec) forwards its last token and the proposals as
-        k + 1 rows, all of them sampled: its logits rows are index - k .. index."""
-        spans = []
+        k + 1 rows, all of them sampled: its logits rows are index - k .. index.
+
+        A request's rows before its last prompt token are context rows (a span of their own); the
+        rest are its own rows: which is which depends on the request alone, never on the step."""
+        spans: list[RowSpan] = []
+        tails: list[int | None] = []  # per scheduled request, its own rows' span (None: context only)
         for item in out.scheduled:
             seq, start = item.seq, item.seq.num_computed_tokens
             ids = seq.all_token_ids + seq.draft_token_ids
             end = start + item.num_new_tokens
             sampled = 1 + len(seq.draft_token_ids) if end == len(ids) else 0
-            spans.append(RowSpan(ids[start:end], start, seq.block_table, sampled))
+            cut = min(max(start, len(seq.prompt_token_ids) - 1), end)  # rows [start, cut) are context
+            if cut > start:
+                spans.append(RowSpan(ids[start:cut], start, seq.block_table, 0, context=True))
+            tails.append(len(spans) if end > cut else None)
+            if end > cut:
+                spans.append(RowSpan(ids[cut:end], cut, seq.block_table, sampled))
         batch, last = lay_out(spans, self.block_size, self.model.device)
-        return batch, [row if row >= 0 else None for row in last]
+        return batch, [None if tail is None or last[tail] < 0 else last[tail] for tail in tails]
 
     def run(self, out: SchedulerOutput) -> tuple[torch.Tensor, list[int | None]]:
         """Forward the step; returns float32 logits [S, vocab] on the CPU and each request's row (or None)."""

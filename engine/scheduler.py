@@ -173,14 +173,22 @@ class Scheduler:
 
     def _hashes(self, seq: Sequence, count: int) -> list[bytes]:
         """The hash chain of the request's first ``count`` full blocks, extended incrementally: a block's
-        tokens never change once full, so each is hashed once per request (mutates ``seq.block_hashes``)."""
+        tokens never change once full, so each is hashed once per request (mutates ``seq.block_hashes``).
+
+        Under activations "mixed" a block's K/V also depend on which of its rows were context rows
+        (prompt tokens before the request's last: ModelRunner.build), so that count is hashed too: a
+        block computed past one request's prompt is never handed to a request that reads it as context."""
         have = seq.block_hashes
         if len(have) < count:
             size = self.pool.block_size
             tokens = seq.all_token_ids
+            context_end = len(seq.prompt_token_ids) - 1  # positions before it are context rows
             parent = have[-1] if have else None
             for i in range(len(have), count):
-                parent = self.pool.hash_fn(parent, tokens[i * size : (i + 1) * size], self.model_key)
+                key = self.model_key
+                if self.config.activations == "mixed":
+                    key += f"|context {min(size, max(0, context_end - i * size))}"
+                parent = self.pool.hash_fn(parent, tokens[i * size : (i + 1) * size], key)
                 have.append(parent)
         return have[:count]
 

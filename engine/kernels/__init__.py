@@ -202,11 +202,15 @@ def decoder_forward(
     tables: torch.Tensor,
     owners: torch.Tensor,
     positions: torch.Tensor,
+    context_rows: int = 0,
 ) -> torch.Tensor:
     """Every layer of ``stack`` over a step's rows: x [N, hidden] float32 -> [N, hidden] float32, K/V
     written at ``slots`` [N]; cos, sin [N, head_dim]; tables [R, nb], owners and positions [N] long.
-    The same bits as running the layers one kernel call at a time."""
-    return stack.forward(backend().name, x.contiguous(), slots, cos, sin, tables, owners, positions)
+    The last ``context_rows`` rows go through each linear in its context format (add_layer's
+    ``context_formats``). The same bits as running the layers one kernel call at a time."""
+    return stack.forward(
+        backend().name, x.contiguous(), slots, cos, sin, tables, owners, positions, context_rows
+    )
 
 
 def attention(

@@ -30,7 +30,8 @@ PANEL = 16
 Q8, Q4, Q4S, Q8S = 0, 1, 2, 3  # quantized.h QFormat
 DOT = 4  # qdot.h: format + DOT is the format in the dot layout (int8 activations)
 WIDE = 8  # qdot.h: format + WIDE is the dot layout with int16 activations
-ACTIVATION_OFFSET = {"float": 0, "int8": DOT, "int16": WIDE}  # EngineConfig.activations -> format offset
+# EngineConfig.activations -> format offset ("mixed": int16, int8 for context rows, the same bytes)
+ACTIVATION_OFFSET = {"float": 0, "int8": DOT, "int16": WIDE, "mixed": WIDE}
 QUADS = BLOCK // 4
 FORMAT_OF = {"Q8_0": Q8, "Q4_0": Q4, "Q4_1": Q4, "Q4_K": Q4S, "Q6_K": Q8S}
 SCALE_BYTES = PANEL * 2  # 16 float16 scales (or mins)

@@ -23,9 +23,11 @@ HashFn = Callable[[BlockHash | None, Sequence[int], str], BlockHash]
 
 
 def chain_hash(parent: BlockHash | None, tokens: Sequence[int], model_key: str) -> BlockHash:
-    """The block's key: a hash of its parent block's key, its own tokens, and the model."""
+    """The block's key: a hash of its parent block's key, its own tokens, and ``model_key`` (the model,
+    and whatever else decides how this block's K/V were computed: hashed for every block)."""
     h = hashlib.blake2b(digest_size=16)
-    h.update(parent or model_key.encode())
+    h.update(parent or b"")
+    h.update(model_key.encode())
     h.update(b"".join(int(t).to_bytes(4, "little", signed=False) for t in tokens))
     return h.digest()
 

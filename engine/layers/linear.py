@@ -14,7 +14,8 @@ the float32 path over the dequantized weight, bit for bit, in fast mode too (no 
 our blocks). With integer ``activations`` (EngineConfig.activations "int8" or "int16") the tiles are held
 in the dot layout and each row's inputs are quantized per 32 to int8 or int16 (engine/kernels/csrc/qdot.h):
 exact integer dot products and a fixed float combine per block, invariant by construction, a little off
-the float path (int16: 256 times closer than int8).
+the float path (int16: 256 times closer than int8). "mixed": int16, except the call's last
+``context_rows`` rows, which take int8 (the same tiles; a row's format is its own, so still invariant).
 
 Fast mode (``invariant=False``) is the library's ``F.linear`` on the plain weight.
 
@@ -30,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import kernels
-from engine.kernels.quant_pack import pack_quantized, unpack_quantized
+from engine.kernels.quant_pack import DOT, pack_quantized, unpack_quantized
 from engine.quantized import QuantizedWeight
 
 CHUNK_COLUMNS = 16
@@ -67,7 +68,8 @@ class LinearWeight:
         activations: str = "float",
     ):
         self.invariant = invariant
-        self.activations = activations  # a quantized weight: "int8"/"int16" quantize its inputs too (qdot.h)
+        # a quantized weight: "int8"/"int16" quantize its inputs too (qdot.h); "mixed": int16, context rows int8
+        self.activations = activations
         self.dtype = dtype or (weight.dtype if isinstance(weight, torch.Tensor) else torch.float32)
         self.out_features, self.in_features = weight.shape
         self.quantized: str | None = None  # the GGUF type when held quantized
@@ -86,10 +88,22 @@ class LinearWeight:
             return kernels.pack_linear_weight(weight)  # [P, K, 16]
         return weight.contiguous()
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [M, K] -> [M, N]
+    @property
+    def context_format(self) -> int:
+        """The format context rows multiply this weight in: int8 inputs under "mixed", else ``format``."""
+        if self.quantized and self.activations == "mixed":
+            return self.format - DOT
+        return self.format
+
+    def __call__(self, x: torch.Tensor, context_rows: int = 0) -> torch.Tensor:
+        """x [M, K] -> [M, N]; its last ``context_rows`` rows in ``context_format``."""
         if self.quantized:
-            return kernels.qlinear(x, self.data, self.format, self.out_features).to(self.dtype)
+            own = x.shape[0] - context_rows if self.context_format != self.format else x.shape[0]
+            y = kernels.qlinear(x[:own], self.data, self.format, self.out_features)
+            if own < x.shape[0]:
+                context = kernels.qlinear(x[own:], self.data, self.context_format, self.out_features)
+                y = torch.cat([y, context])
+            return y.to(self.dtype)
         if self.packed:
             return kernels.linear(x, self.data, self.out_features).to(self.dtype)
         return chunked_mm_linear(x, self.data) if self.invariant else F.linear(x, self.data)

@@ -26,6 +26,12 @@ from engine.quantized import QuantizedWeight, dense, quantize_q8_0
 
 Weight = torch.Tensor | QuantizedWeight
 
+# a decoder layer's linears as held (q, k, v fused; gate and up fused), in the C++ stack's order
+LAYER_LINEARS = ("self_attn.qkv", "self_attn.o_proj.weight", "mlp.gate_up", "mlp.down_proj.weight")
+# under activations "mixed", the linears whose context rows take int8 inputs: every one but qkv, whose
+# outputs are the K and V later tokens read (int8 there cost the most agreement; DESIGN.md)
+CONTEXT_INT8_LINEARS = LAYER_LINEARS[1:]
+
 
 @dataclass(frozen=True)
 class AttentionGroup:
@@ -47,6 +53,9 @@ class ForwardBatch:
     sample_rows: torch.Tensor  # [S] long: rows whose logits are returned
     tables: torch.Tensor  # [R, nb] long: every request's block table (padded), decodes first
     owners: torch.Tensor  # [N] long: the row of ``tables`` each row belongs to
+    # the last rows that are context rows: prompt tokens before a request's last (ModelRunner.build),
+    # which only write K/V; under activations "mixed" their o, gate_up and down inputs are int8
+    context_rows: int = 0
 
 
 @dataclass
@@ -164,7 +173,10 @@ class PagedLlama:
             fused: Weight = QuantizedWeight.stack(quantized)
         else:  # float, or quantized types that differ: the fused weight is held as float
             fused = torch.cat([dense(w).to(device=self.device, dtype=self.dtype) for w in weights])
-        self.linears[key] = LinearWeight(fused, self.invariant, self.dtype, self.activations)
+        activations = self.activations
+        if activations == "mixed" and not key.endswith(CONTEXT_INT8_LINEARS):
+            activations = "int16"
+        self.linears[key] = LinearWeight(fused, self.invariant, self.dtype, activations)
 
     @property
     def weight_bytes(self) -> int:
@@ -251,26 +263,26 @@ class PagedLlama:
             return None
         for layer in range(c.num_layers):
             p = f"model.layers.{layer}."
-            held = [
-                self.linears[p + key].kernel_layout
-                for key in ("self_attn.qkv", "self_attn.o_proj.weight", "mlp.gate_up", "mlp.down_proj.weight")
-            ]
+            held = [self.linears[p + key].kernel_layout for key in LAYER_LINEARS]
             if any(h is None for h in held):
                 return None
             (qkv, qkv_format), (o, o_format), (gate_up, gate_up_format), (down, down_format) = held  # type: ignore[misc]
+            context_formats = [self.linears[p + key].context_format for key in LAYER_LINEARS]
             stack.add_layer(
                 self.w[p + "input_layernorm.weight"], qkv, qkv_format, o, o_format,
                 self.w[p + "post_attention_layernorm.weight"], gate_up, gate_up_format, down, down_format,
                 kv.keys[layer], kv.values[layer], self.w.get(p + "self_attn.qkv.bias", absent),
                 self.w.get(p + "self_attn.q_norm.weight", absent), self.w.get(p + "self_attn.k_norm.weight", absent),
+                context_formats,
             )  # fmt: skip
         self._stack = (kv, stack)
         return stack
 
-    def _linear(self, x: torch.Tensor, key: str) -> torch.Tensor:
+    def _linear(self, x: torch.Tensor, key: str, context_rows: int = 0) -> torch.Tensor:
+        """x [M, K] through linear ``key``: [M, N]; its last ``context_rows`` rows are context rows."""
         if self.faults.batch_dependent_matmul:
             return self.linears[key].batch_dependent(x)
-        return self.linears[key](x)
+        return self.linears[key](x, context_rows)
 
     def _attention(
         self,
@@ -340,6 +352,7 @@ class PagedLlama:
                 batch.tables,
                 batch.owners,
                 batch.positions,
+                batch.context_rows,
             )
         else:
             x = self._layers(x, batch, kv, (cos, sin), local)
@@ -366,12 +379,13 @@ class PagedLlama:
             else [plan_attention(g.block_tables, g.positions, kv.block_size, group) for g in batch.groups]
         )
         kv_rows = kv.rows_of(batch.slots)  # [N * kv_heads]
+        context = batch.context_rows
         heads_qk = c.num_heads + c.num_kv_heads
         qk_end = heads_qk * c.head_dim
         for layer in range(c.num_layers):
             p = f"model.layers.{layer}."
             h = self._norm(x, p + "input_layernorm.weight")
-            qkv = self._linear(h, p + "self_attn.qkv")  # [N, q_size + 2 * kv_size]
+            qkv = self._linear(h, p + "self_attn.qkv", context)  # [N, q_size + 2 * kv_size]
             if c.attention_bias:
                 qkv = qkv + self.w[p + "self_attn.qkv.bias"]
             qk = qkv[:, :qk_end].view(n, heads_qk, c.head_dim)
@@ -392,7 +406,7 @@ class PagedLlama:
             attn = self._attention(
                 q, kv, layer, batch.groups, plans, batch.tables, batch.owners, batch.positions
             )  # [N, heads * head_dim]
-            out = self._linear(attn, p + "self_attn.o_proj.weight")
+            out = self._linear(attn, p + "self_attn.o_proj.weight", context)
             if c.sandwich_norms:  # Gemma: the attention's output normed before the residual add
                 out = self._norm(out, p + "post_attention_layernorm.weight")
             x = x + out
@@ -405,8 +419,8 @@ class PagedLlama:
                     else "post_attention_layernorm.weight"
                 ),
             )
-            gate_up = self._linear(h, p + "mlp.gate_up")  # [N, 2 * inter]
-            out = self._linear(self._gated(gate_up), p + "mlp.down_proj.weight")
+            gate_up = self._linear(h, p + "mlp.gate_up", context)  # [N, 2 * inter]
+            out = self._linear(self._gated(gate_up), p + "mlp.down_proj.weight", context)
             if c.sandwich_norms:
                 out = self._norm(out, p + "post_feedforward_layernorm.weight")
             x = x + out

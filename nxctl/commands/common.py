@@ -15,7 +15,8 @@ QUANTIZE_HELP = (
 ACTIVATIONS_HELP = (
     "What quantized weights multiply on the CPU: float (the float32 inputs; outputs equal the float path's), "
     "int16 or int8 (inputs quantized per 32 to int16 or int8, exact integer dot products: faster, a little off "
-    "the float path; int8 the fastest and the furthest)."
+    "the float path; int8 the fastest and the furthest), or mixed (int16, but int8 for a prompt's context rows "
+    "outside q/k/v: faster prompts)."
 )
 
 KV_CACHE_DTYPE_HELP = (

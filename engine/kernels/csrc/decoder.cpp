@@ -37,10 +37,14 @@ void with_caches(const DecoderLayer& layer, const F& fn) {
   }
 }
 
-// y [M, N] = x [M, K] @ W^T through the kernel for the weight's layout
-void apply(const KernelTable& t, const HeldLinear& w, const float* x, int64_t m, float* y) {
+// y [M, N] = x [M, K] @ W^T through the kernel for the weight's layout; the last ``context`` rows in
+// the weight's context_format
+void apply(const KernelTable& t, const HeldLinear& w, const float* x, int64_t m, float* y, int64_t context) {
   if (w.format >= 0) {
-    run_qlinear(t, x, m, w.k, w.data.data_ptr<uint8_t>(), w.format, w.n, y);
+    const int64_t own = w.context_format == w.format ? m : m - context;  // rows in the weight's own format
+    const uint8_t* packed = w.data.data_ptr<uint8_t>();
+    run_qlinear(t, x, own, w.k, packed, w.format, w.n, y);
+    run_qlinear(t, x + own * w.k, m - own, w.k, packed, w.context_format, w.n, y + own * w.n);
   } else if (w.data.scalar_type() == torch::kFloat32) {
     run_linear(t, x, m, w.k, w.data.data_ptr<float>(), w.n, y);
   } else {
@@ -94,7 +98,8 @@ DecoderStack::DecoderStack(int64_t hidden, int64_t heads, int64_t kv_heads, int6
               " and at most ", kMaxHeadDim);
 }
 
-HeldLinear DecoderStack::held(const torch::Tensor& data, int64_t format, int64_t n, int64_t k) const {
+HeldLinear DecoderStack::held(const torch::Tensor& data, int64_t format, int64_t context_format, int64_t n,
+                              int64_t k) const {
   TORCH_CHECK(data.device().is_cpu() && data.is_contiguous() && data.dim() == 3, "a held linear must be a contiguous ",
               "3-d CPU tensor");
   TORCH_CHECK(data.size(0) == (n + kPanel - 1) / kPanel, "a held linear does not hold N=", n);
@@ -102,19 +107,23 @@ HeldLinear DecoderStack::held(const torch::Tensor& data, int64_t format, int64_t
     TORCH_CHECK(format >= kQ8 && format <= kQ8SW, "unknown quantized format ", format);
     TORCH_CHECK(data.scalar_type() == torch::kUInt8 && data.size(1) * kQBlock == k && data.size(2) == tile_bytes(format),
                 "a quantized linear must be [P, ", k / kQBlock, ", ", tile_bytes(format), "] uint8");
+    TORCH_CHECK(context_format == format || (is_wide_format(format) && context_format == format - kDotFormats),
+                "a context format must be the weight's own or, for int16 inputs, int8 ones");
   } else {
+    TORCH_CHECK(context_format == format, "a float linear has no context format of its own");
     TORCH_CHECK(data.scalar_type() == torch::kFloat32 || data.scalar_type() == torch::kBFloat16,
                 "a packed linear must be float32 or bfloat16");
     TORCH_CHECK(data.size(1) == k && data.size(2) == kPanel, "a packed linear must be [P, ", k, ", 16]");
   }
-  return HeldLinear{data, format, n, k};
+  return HeldLinear{data, format, context_format, n, k};
 }
 
 void DecoderStack::add_layer(const torch::Tensor& input_norm, const torch::Tensor& qkv, int64_t qkv_format,
                              const torch::Tensor& o, int64_t o_format, const torch::Tensor& post_norm,
                              const torch::Tensor& gate_up, int64_t gate_up_format, const torch::Tensor& down,
                              int64_t down_format, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                             const torch::Tensor& qkv_bias, const torch::Tensor& q_norm, const torch::Tensor& k_norm) {
+                             const torch::Tensor& qkv_bias, const torch::Tensor& q_norm, const torch::Tensor& k_norm,
+                             const std::vector<int64_t>& context_formats) {
   check_float(input_norm, "input norm");
   check_float(post_norm, "post-attention norm");
   TORCH_CHECK(input_norm.numel() == hidden_ && post_norm.numel() == hidden_, "norm weights must be [hidden]");
@@ -140,13 +149,15 @@ void DecoderStack::add_layer(const torch::Tensor& input_norm, const torch::Tenso
     check_float(k_norm, "k norm");
     TORCH_CHECK(q_norm.numel() == head_dim_ && k_norm.numel() == head_dim_, "q and k norms must be [head_dim]");
   }
+  TORCH_CHECK(context_formats.empty() || context_formats.size() == 4, "context formats: none, or qkv, o, gate_up, down");
+  const auto context = [&](size_t i, int64_t own) { return context_formats.empty() ? own : context_formats[i]; };
   layers_.push_back(DecoderLayer{
       input_norm,
       post_norm,
-      held(qkv, qkv_format, q_size + 2 * kv_size, hidden_),
-      held(o, o_format, hidden_, q_size),
-      held(gate_up, gate_up_format, 2 * intermediate_, hidden_),
-      held(down, down_format, hidden_, intermediate_),
+      held(qkv, qkv_format, context(0, qkv_format), q_size + 2 * kv_size, hidden_),
+      held(o, o_format, context(1, o_format), hidden_, q_size),
+      held(gate_up, gate_up_format, context(2, gate_up_format), 2 * intermediate_, hidden_),
+      held(down, down_format, context(3, down_format), hidden_, intermediate_),
       k_cache,
       v_cache,
       qkv_bias,
@@ -157,7 +168,8 @@ void DecoderStack::add_layer(const torch::Tensor& input_norm, const torch::Tenso
 
 torch::Tensor DecoderStack::forward(const std::string& isa, const torch::Tensor& x, const torch::Tensor& slots,
                                     const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& tables,
-                                    const torch::Tensor& owners, const torch::Tensor& positions) {
+                                    const torch::Tensor& owners, const torch::Tensor& positions,
+                                    int64_t context_rows) {
   const KernelTable& t = table_for(isa);
   check_float(x, "x");
   check_float(cos, "cos");
@@ -169,6 +181,7 @@ torch::Tensor DecoderStack::forward(const std::string& isa, const torch::Tensor&
               "one slot, owner and position per row");
   TORCH_CHECK(cos.numel() == rows * d && sin.numel() == rows * d, "cos and sin must be [N, head_dim]");
   TORCH_CHECK(tables.dim() == 2, "tables must be [R, nb]");
+  TORCH_CHECK(context_rows >= 0 && context_rows <= rows, "context rows must be between 0 and the row count");
   auto out = x.clone();  // [N, hidden]: the residual stream
   if (rows == 0 || layers_.empty()) return out;
   const int64_t q_size = heads_ * d, kv_size = kv_heads_ * d, qkv_n = q_size + 2 * kv_size;
@@ -191,7 +204,7 @@ torch::Tensor DecoderStack::forward(const std::string& isa, const torch::Tensor&
     const DecoderLayer& layer = layers_[l];
     // the previous layer's MLP output joins the residual stream here, in one pass with this norm
     add_and_norm(t, xs, l == 0 ? nullptr : tmp_.data(), rows, hidden_, eps_, layer.input_norm, h_.data());
-    apply(t, layer.qkv, h_.data(), rows, qkv_.data());  // [N, q | k | v]
+    apply(t, layer.qkv, h_.data(), rows, qkv_.data(), context_rows);  // [N, q | k | v]
     if (layer.qkv_bias.numel() > 0) {
       const float* bias = layer.qkv_bias.data_ptr<float>();
       at::parallel_for(0, rows, kRowGrain, [&](int64_t b, int64_t e) {
@@ -230,11 +243,11 @@ torch::Tensor DecoderStack::forward(const std::string& isa, const torch::Tensor&
           attn_.data()};  // [N, heads * d] into attn_
       run_attention(t, args, rows);
     });
-    apply(t, layer.o, attn_.data(), rows, tmp_.data());
+    apply(t, layer.o, attn_.data(), rows, tmp_.data(), context_rows);
     add_and_norm(t, xs, tmp_.data(), rows, hidden_, eps_, layer.post_norm, h_.data());
-    apply(t, layer.gate_up, h_.data(), rows, gate_up_.data());  // [N, gate | up]
+    apply(t, layer.gate_up, h_.data(), rows, gate_up_.data(), context_rows);  // [N, gate | up]
     run_silu_mul(t, gate_up_.data(), rows, intermediate_, act_.data());
-    apply(t, layer.down, act_.data(), rows, tmp_.data());  // joins the stream at the next layer's norm
+    apply(t, layer.down, act_.data(), rows, tmp_.data(), context_rows);  // joins the stream at the next layer's norm
   }
   add_into(xs, tmp_.data(), rows, hidden_);  // the last layer's MLP output
   return out;

@@ -19,9 +19,11 @@ namespace nxk {
 
 // One linear weight as the engine holds it: packed float panels [P, K, 16] (float32 or bfloat16,
 // format < 0) or packed quantized tiles [P, K / 32, tile bytes] uint8 in ``format`` (quantized.h).
+// ``context_format``: the format a step's context rows (see forward) multiply it in: ``format``, or
+// for a weight in the int16 dot layout the int8 one (qdot.h: the same bytes).
 struct HeldLinear {
   torch::Tensor data;
-  int64_t format;
+  int64_t format, context_format;
   int64_t n, k;  // logical [N, K]
 };
 
@@ -41,24 +43,27 @@ class DecoderStack {
 
   // Appends a layer (mutates). Weights and caches are held by reference: the tensors' contents may
   // change between steps; a replaced tensor needs a new stack. An empty qkv_bias, q_norm or k_norm
-  // means the family has none (families differ by data, not by code).
+  // means the family has none (families differ by data, not by code). context_formats: the formats of
+  // qkv, o, gate_up and down for context rows (HeldLinear), or empty: their own formats.
   void add_layer(const torch::Tensor& input_norm, const torch::Tensor& qkv, int64_t qkv_format, const torch::Tensor& o,
                  int64_t o_format, const torch::Tensor& post_norm, const torch::Tensor& gate_up,
                  int64_t gate_up_format, const torch::Tensor& down, int64_t down_format, const torch::Tensor& k_cache,
                  const torch::Tensor& v_cache, const torch::Tensor& qkv_bias, const torch::Tensor& q_norm,
-                 const torch::Tensor& k_norm);
+                 const torch::Tensor& k_norm, const std::vector<int64_t>& context_formats);
 
   // Every layer over the step's rows: x [N, hidden] float32 (the embeddings) -> [N, hidden] float32
   // (a new tensor), writing each row's K/V at its slot. slots, positions, owners [N] long; cos, sin
-  // [N, head_dim] float32 (RoPE rows, rotate-half layout); tables [R, nb] long block tables.
+  // [N, head_dim] float32 (RoPE rows, rotate-half layout); tables [R, nb] long block tables. The last
+  // ``context_rows`` rows are context rows: each linear multiplies them in its context_format, the
+  // others in its format (two calls over the weight, each row's output its own either way).
   torch::Tensor forward(const std::string& isa, const torch::Tensor& x, const torch::Tensor& slots,
                         const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& tables,
-                        const torch::Tensor& owners, const torch::Tensor& positions);
+                        const torch::Tensor& owners, const torch::Tensor& positions, int64_t context_rows);
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
  private:
-  HeldLinear held(const torch::Tensor& data, int64_t format, int64_t n, int64_t k) const;
+  HeldLinear held(const torch::Tensor& data, int64_t format, int64_t context_format, int64_t n, int64_t k) const;
 
   int64_t hidden_, heads_, kv_heads_, head_dim_, intermediate_, window_;
   double eps_, scale_;

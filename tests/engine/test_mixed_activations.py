@@ -1,0 +1,125 @@
+"""activations="mixed": int16 inputs, except the o, gate_up and down inputs of a prompt's context rows
+(its tokens before the last: rows that only write K/V), which are int8. Which rows are context depends
+on the request alone, so batch invariance holds in a batch, after a preemption and through the prefix
+cache; a request's own rows (its last prompt token, its decodes) are computed as under "int16"."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import torch
+
+from engine.config import EngineConfig
+from engine.kernels.quant_pack import DOT, WIDE
+from engine.llm_engine import Engine
+from engine.loader import LoadedModel
+from engine.model_runner import RowSpan, lay_out
+from engine.sampling_params import SamplingParams
+from tests.engine_runs import run_to_end
+
+GREEDY = SamplingParams(max_tokens=12, ignore_eos=True, logprobs=0)
+
+
+def _engine(loaded: LoadedModel, activations: str = "mixed", **overrides) -> Engine:
+    config = EngineConfig(
+        **{"quantize": "int8", "activations": activations, "num_kv_blocks": 64, **overrides}
+    )
+    return Engine(loaded, config)
+
+
+def _prompts(vocab: int, seed: int, lengths: tuple[int, ...]) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(n)] for n in lengths]
+
+
+def test_context_rows_take_int8_except_in_q_k_v(tiny_loaded: LoadedModel):
+    linears = _engine(tiny_loaded)._model.linears
+    for key, lw in linears.items():
+        if not lw.quantized:
+            continue
+        assert WIDE <= lw.format < WIDE + DOT, key  # int16 inputs for a request's own rows
+        int8_context = key.endswith(("o_proj.weight", "gate_up", "down_proj.weight"))
+        assert lw.context_format == (lw.format - DOT if int8_context else lw.format), key
+
+
+def test_only_context_rows_differ_from_int16(tiny_loaded: LoadedModel):
+    """A one-token prompt has no context row: its run is the int16 run, bit for bit. Longer prompts'
+    context rows are int8, so their logprobs move off the int16 ones."""
+    prompts = _prompts(tiny_loaded.config.vocab_size, 2, (1, 9, 40, 77))
+    mixed = run_to_end(_engine(tiny_loaded), prompts, GREEDY)
+    int16 = run_to_end(_engine(tiny_loaded, "int16"), prompts, GREEDY)
+    assert mixed[0] == int16[0]
+    assert all(mixed[i][1] != int16[i][1] for i in (1, 2, 3))
+
+
+def test_batches_and_the_layer_by_layer_path_give_the_solo_bits(tiny_loaded: LoadedModel):
+    prompts = _prompts(tiny_loaded.config.vocab_size, 3, (2, 17, 33, 64, 90))
+    engine = _engine(tiny_loaded, prefill_chunk=32)
+    together = run_to_end(engine, prompts, GREEDY, together=True)
+    assert engine._model.last_forward_fused
+    assert together == run_to_end(engine, prompts, GREEDY, together=False)
+    layered = _engine(tiny_loaded, prefill_chunk=32)
+    layered._model.fused_layers = False
+    assert together == run_to_end(layered, prompts, GREEDY, together=True)
+    assert not layered._model.last_forward_fused
+
+
+def test_a_preempted_request_recomputes_its_own_rows_as_its_own(tiny_loaded: LoadedModel):
+    """Preemption frees a request's blocks; it comes back with its decoded tokens as prompt-like rows
+    to recompute. They are past its prompt, so they are recomputed in int16, as they were decoded."""
+    prompts = _prompts(tiny_loaded.config.vocab_size, 4, (40, 45, 50, 55))
+    params = SamplingParams(max_tokens=40, ignore_eos=True, logprobs=0)
+    short = _engine(tiny_loaded, num_kv_blocks=14, max_num_seqs=4)
+    squeezed = run_to_end(short, prompts, params, together=True)
+    assert short.counters.preemptions >= 1
+    assert squeezed == run_to_end(_engine(tiny_loaded), prompts, params, together=False)
+
+
+def _follow_up(loaded: LoadedModel, hash_context: bool) -> tuple[tuple, tuple, int]:
+    """A request, then one whose prompt is its prompt, its reply and more (a chat's next turn), on one
+    engine with the prefix cache; and the second alone on a fresh engine. ``hash_context`` False: the
+    scheduler told the mode is int16, so block hashes leave out which rows were context."""
+    first = _prompts(loaded.config.vocab_size, 5, (40,))[0]
+    params = SamplingParams(max_tokens=30, ignore_eos=True, logprobs=0)
+    engine = _engine(loaded)
+    if not hash_context:
+        engine._scheduler.config = dataclasses.replace(engine._scheduler.config, activations="int16")
+    reply = run_to_end(engine, [first], params)[0][0]
+    follow_up = first + reply + [7, 8, 9]
+    hits_before = engine.snapshot().prefix_hits
+    after = run_to_end(engine, [follow_up], GREEDY)[0]
+    alone = run_to_end(_engine(loaded), [follow_up], GREEDY)[0]
+    return after, alone, engine.snapshot().prefix_hits - hits_before
+
+
+def test_the_prefix_cache_never_serves_a_reply_block_as_context(tiny_loaded: LoadedModel):
+    """The first request's blocks past its prompt hold rows computed as its own (int16); the next turn
+    reads those positions as context (int8). Block hashes carry the context count, so only the blocks
+    wholly inside the first prompt's context are reused, and the next turn gets its solo bits."""
+    after, alone, hits = _follow_up(tiny_loaded, hash_context=True)
+    assert after == alone
+    assert hits == 2  # block size 16: positions 0..31 lie before the first prompt's last token (39)
+
+
+def test_without_the_context_count_the_prefix_cache_breaks_invariance(tiny_loaded: LoadedModel):
+    """The negative control: hashing tokens alone hands the reply's int16 blocks to the next turn."""
+    after, alone, hits = _follow_up(tiny_loaded, hash_context=False)
+    assert hits > 2
+    assert after != alone
+
+
+def test_lay_out_puts_context_rows_last_and_keeps_sample_rows():
+    table = list(range(8))
+    spans = [
+        RowSpan([1, 2, 3, 4, 5], 0, table, 0, context=True),
+        RowSpan([6], 9, table, 1),
+        RowSpan([7, 8, 9], 16, table, 0, context=True),
+        RowSpan([10, 11], 19, table, 1),
+    ]
+    batch, last = lay_out(spans, 16, torch.device("cpu"))
+    assert batch.context_rows == 8
+    assert batch.token_ids.tolist() == [6, 10, 11, 1, 2, 3, 4, 5, 7, 8, 9]
+    assert batch.positions.tolist() == [9, 19, 20, 0, 1, 2, 3, 4, 16, 17, 18]
+    assert batch.sample_rows.tolist() == [0, 2]
+    assert last == [-1, 0, -1, 1]
