@@ -242,13 +242,13 @@ class EngineConfig:
     weights to Q8_0 (int8 per 32 inputs, one scale each). Quantized weights run on the CPU kernels; on
     another device they are dequantized.
 
-    ``activations``: what a quantized weight's linear multiplies on the CPU kernels: "int16" (the
-    default: inputs quantized per 32 to int16, exact integer dot products; outputs a hair off the float
-    path's, teacher-forced top-1 agreement >= 0.999 on smollm2), "float" (the float32 inputs: outputs
-    equal to the float path over the dequantized weight, bit for bit; slower), "int8" (llama.cpp's
-    route: the fastest, agreement 0.97-0.99) or "mixed" (int16, except the o, gate_up and down inputs
-    of a prompt's context rows, its tokens before the last, which only write K/V: those take int8;
-    prompts run faster, agreement 0.99-0.999). Invariant in every mode.
+    ``activations``: what a quantized weight's linear multiplies on the CPU kernels: "mixed" (the
+    default: "int16", except the o, gate_up and down inputs of a prompt's context rows, its tokens
+    before the last, which only write K/V: those take int8; prompts run faster; teacher-forced top-1
+    agreement with the float path 0.997-0.998 on smollm2), "int16" (inputs quantized per 32 to int16,
+    exact integer dot products; outputs a hair off the float path's, agreement >= 0.999), "float" (the
+    float32 inputs: outputs equal to the float path over the dequantized weight, bit for bit; slower)
+    or "int8" (llama.cpp's route: the fastest, agreement 0.97-0.99). Invariant in every mode.
 
     ``kv_cache_dtype``: what the KV pool holds (see ``kv_cache_dtype()``): "auto" (float16 under quantized
     weights on the CPU kernels, else ``dtype``), or a dtype by name.

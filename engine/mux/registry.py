@@ -49,9 +49,9 @@ DTYPE_BYTES: Mapping[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 QUANTIZE_MODES = ("auto", "none", "int8")  # EngineConfig.quantize (defined here: this module is torch-free)
 # EngineConfig.activations: what quantized linears multiply (float32, or int16 / int8 per 32 inputs:
 # engine/kernels/csrc/qdot.h; "mixed": int16, int8 in the prompt's context rows but for q, k, v);
-# int16 by default: its agreement with the float path is >= 0.99 (README)
+# mixed by default: its teacher-forced agreement with the float path is >= 0.99 (README)
 ACTIVATION_MODES = ("float", "int16", "int8", "mixed")
-DEFAULT_ACTIVATIONS = "int16"
+DEFAULT_ACTIVATIONS = "mixed"
 # EngineConfig.kv_cache_dtype: "auto" is float16 where a float32 model holds quantized weights on the CPU
 # kernels (engine/config.py kv_cache_dtype), else the model's dtype; or one named (the model's, or float16
 # under a float32 model)

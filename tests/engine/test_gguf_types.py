@@ -59,7 +59,7 @@ def test_every_tensor_is_gguf_s_own_dequantization(path: Path):
 def test_a_q4_k_m_file_is_held_quantized_and_computes_with_its_dequantized_values():
     path = GGUF_DIR / "llama-q4_k_m.gguf"
     kept = LLM(str(path), activations="float", num_kv_blocks=32)
-    default = LLM(str(path), num_kv_blocks=32)  # int16 activations
+    default = LLM(str(path), activations="int16", num_kv_blocks=32)
     dense_llm = LLM(
         str(path), quantize="none", kv_cache_dtype="float16", num_kv_blocks=32
     )  # the cache kept's hold
