@@ -137,8 +137,8 @@ def test_every_instruction_set_and_thread_count_gives_the_same_stack_bits():
                 for layer, (n1, qkv, o, n2, gate_up, down) in enumerate(weights):
                     k, v = caches[2 * layer], caches[2 * layer + 1]
                     extras = family_parts if layer == 0 else (torch.empty(0),) * 3  # bias, q norm, k norm
-                    stack.add_layer(n1, qkv, -1, o, -1, n2, gate_up, -1, down, -1, k, v, *extras)
-                out = stack.forward(isa, x, slots, angles.cos(), angles.sin(), tables, owners, positions)
+                    stack.add_layer(n1, qkv, -1, o, -1, n2, gate_up, -1, down, -1, k, v, *extras, [])
+                out = stack.forward(isa, x, slots, angles.cos(), angles.sin(), tables, owners, positions, 0)
                 results.append((out, *caches))
     finally:
         torch.set_num_threads(threads)
