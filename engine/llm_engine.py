@@ -71,7 +71,9 @@ class Engine:
         self._kv = KVCache(loaded.config, config.num_kv_blocks, config.block_size, kv_dtype, self.device)
         self._pool = BlockPool(config.num_kv_blocks, config.block_size)
         model_key = f"{loaded.source.path}:{config.dtype}:{config.quantize}:{config.activations}:{kv_dtype}:{config.batch_invariant}"
-        self._scheduler = Scheduler(config, self._pool, model_key)
+        self._scheduler = Scheduler(
+            config, self._pool, model_key, context_keyed=self._model.splits_context_rows
+        )
         self._runner = ModelRunner(self._model, self._kv)
         self._requests: dict[str, Sequence] = {}
         self._arrivals = itertools.count()

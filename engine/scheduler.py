@@ -63,10 +63,19 @@ class TenantCounters:
 class Scheduler:
     """Waiting and running queues over one BlockPool. ``schedule()`` mutates queues and block tables."""
 
-    def __init__(self, config: EngineConfig, pool: BlockPool, model_key: str, fair: bool = True):
+    def __init__(
+        self,
+        config: EngineConfig,
+        pool: BlockPool,
+        model_key: str,
+        fair: bool = True,
+        context_keyed: bool = False,
+    ):
         self.config = config
         self.pool = pool
         self.model_key = model_key
+        # the model computes context rows differently (PagedLlama.splits_context_rows): hash their count
+        self.context_keyed = context_keyed
         self.fair = fair
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
@@ -175,9 +184,10 @@ class Scheduler:
         """The hash chain of the request's first ``count`` full blocks, extended incrementally: a block's
         tokens never change once full, so each is hashed once per request (mutates ``seq.block_hashes``).
 
-        Under activations "mixed" a block's K/V also depend on which of its rows were context rows
-        (prompt tokens before the request's last: ModelRunner.build), so that count is hashed too: a
-        block computed past one request's prompt is never handed to a request that reads it as context."""
+        Where the model computes context rows differently (``context_keyed``: activations "mixed") a
+        block's K/V also depend on which of its rows were context rows (prompt tokens before the
+        request's last: ModelRunner.build), so that count is hashed too: a block computed past one
+        request's prompt is never handed to a request that reads it as context."""
         have = seq.block_hashes
         if len(have) < count:
             size = self.pool.block_size
@@ -186,7 +196,7 @@ class Scheduler:
             parent = have[-1] if have else None
             for i in range(len(have), count):
                 key = self.model_key
-                if self.config.activations == "mixed":
+                if self.context_keyed:
                     key += f"|context {min(size, max(0, context_end - i * size))}"
                 parent = self.pool.hash_fn(parent, tokens[i * size : (i + 1) * size], key)
                 have.append(parent)

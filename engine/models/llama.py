@@ -29,7 +29,7 @@ Weight = torch.Tensor | QuantizedWeight
 # a decoder layer's linears as held (q, k, v fused; gate and up fused), in the C++ stack's order
 LAYER_LINEARS = ("self_attn.qkv", "self_attn.o_proj.weight", "mlp.gate_up", "mlp.down_proj.weight")
 # under activations "mixed", the linears whose context rows take int8 inputs: every one but qkv, whose
-# outputs are the K and V later tokens read (int8 there cost the most agreement; DESIGN.md)
+# outputs are the K and V later tokens read (int8 there cost the most agreement; README)
 CONTEXT_INT8_LINEARS = LAYER_LINEARS[1:]
 
 
@@ -184,6 +184,11 @@ class PagedLlama:
         plain = sum(t.numel() * t.element_size() for t in self.w.values())
         separate = self.embedding.nbytes if self.embedding not in (None, self.linears["lm_head"]) else 0
         return plain + separate + sum(lw.nbytes for lw in self.linears.values())
+
+    @property
+    def splits_context_rows(self) -> bool:
+        """Whether a linear multiplies context rows (ForwardBatch.context_rows) in a format of their own."""
+        return any(lw.context_format != lw.format for lw in self.linears.values())
 
     @property
     def holds_quantized(self) -> bool:

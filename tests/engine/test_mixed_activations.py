@@ -5,7 +5,6 @@ cache; a request's own rows (its last prompt token, its decodes) are computed as
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
 import pytest
@@ -82,12 +81,12 @@ def test_a_preempted_request_recomputes_its_own_rows_as_its_own(tiny_loaded: Loa
 def _follow_up(loaded: LoadedModel, hash_context: bool) -> tuple[tuple, tuple, int]:
     """A request, then one whose prompt is its prompt, its reply and more (a chat's next turn), on one
     engine with the prefix cache; and the second alone on a fresh engine. ``hash_context`` False: the
-    scheduler told the mode is int16, so block hashes leave out which rows were context."""
+    scheduler's block hashes leave out which rows were context."""
     first = _prompts(loaded.config.vocab_size, 5, (40,))[0]
     params = SamplingParams(max_tokens=30, ignore_eos=True, logprobs=0)
     engine = _engine(loaded)
     if not hash_context:
-        engine._scheduler.config = dataclasses.replace(engine._scheduler.config, activations="int16")
+        engine._scheduler.context_keyed = False
     reply = run_to_end(engine, [first], params)[0][0]
     follow_up = first + reply + [7, 8, 9]
     hits_before = engine.snapshot().prefix_hits
@@ -100,6 +99,7 @@ def test_the_prefix_cache_never_serves_a_reply_block_as_context(tiny_loaded: Loa
     """The first request's blocks past its prompt hold rows computed as its own (int16); the next turn
     reads those positions as context (int8). Block hashes carry the context count, so only the blocks
     wholly inside the first prompt's context are reused, and the next turn gets its solo bits."""
+    assert not _engine(tiny_loaded, "int16")._scheduler.context_keyed  # int16 rows are alike: no count
     after, alone, hits = _follow_up(tiny_loaded, hash_context=True)
     assert after == alone
     assert hits == 2  # block size 16: positions 0..31 lie before the first prompt's last token (39)
