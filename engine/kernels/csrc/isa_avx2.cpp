@@ -25,6 +25,8 @@ namespace nxk {
 
 // acc + the dot products of 8 columns' weight quads w with one row's quad x4 (broadcast). Exact: a
 // 16-bit pair sum is at most 2 * 128 * 127 (Q8: |q| times x with q's sign; Q4: 15 * 127), no saturation.
+// 4-bit weights skip the widening here: a block's 8 quads add their pair sums in 16 bits (at most
+// 8 * 2 * 15 * 127 = 30480, exact) and widen once per block, half the multiplies per quad.
 template <int F>
 inline __m256i quad_dot(__m256i acc, __m256i w, __m256i x4) {
   __m256i pairs;
@@ -78,7 +80,8 @@ void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t m, f
     constexpr int passes = F == kQ8S ? 2 : 1;  // Q8S: one scale per half block
     for (int pass = 0; pass < passes; ++pass) {
       __m256i is[R][2];
-      for (int r = 0; r < R; ++r) is[r][0] = is[r][1] = _mm256_setzero_si256();
+      __m256i pairs[R][2];  // int8 inputs x 4-bit weights: 16-bit sums of the block's pairs (see quad_dot)
+      for (int r = 0; r < R; ++r) is[r][0] = is[r][1] = pairs[r][0] = pairs[r][1] = _mm256_setzero_si256();
       for (int64_t j = pass * kQuads / passes; j < (pass + 1) * kQuads / passes; ++j) {
         const __m256i w0 = quad_of<F>(quants, j, 0), w1 = quad_of<F>(quants, j, 1);
         if constexpr (wide) {
@@ -90,6 +93,12 @@ void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t m, f
             is[r][0] = quad_dot16(is[r][0], e0, o0, xe, xo);
             is[r][1] = quad_dot16(is[r][1], e1, o1, xe, xo);
           }
+        } else if constexpr (F == kQ4 || F == kQ4S) {
+          for (int r = 0; r < R; ++r) {
+            const __m256i x4 = _mm256_set1_epi32(xw[r][j]);
+            pairs[r][0] = _mm256_add_epi16(pairs[r][0], _mm256_maddubs_epi16(w0, x4));
+            pairs[r][1] = _mm256_add_epi16(pairs[r][1], _mm256_maddubs_epi16(w1, x4));
+          }
         } else {
           for (int r = 0; r < R; ++r) {
             const __m256i x4 = _mm256_set1_epi32(xw[r][j]);
@@ -98,6 +107,9 @@ void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t m, f
           }
         }
       }
+      if constexpr (!wide && (F == kQ4 || F == kQ4S))  // the block's 16-bit pair sums widened once
+        for (int r = 0; r < R; ++r)
+          for (int h = 0; h < 2; ++h) is[r][h] = _mm256_madd_epi16(pairs[r][h], _mm256_set1_epi16(1));
       for (int r = 0; r < R; ++r) {
         const float dx = a.d[(m + r) * nb + b];
         const int32_t* s = a.s + ((m + r) * nb + b) * 2;

@@ -18,7 +18,7 @@ from engine.kernels.qdot_reference import (
     quantize_activations,
 )
 from engine.kernels.quant_pack import ACTIVATION_OFFSET, pack_quantized, quantized_rows, unpack_quantized
-from engine.quantized import QTYPES
+from engine.quantized import QTYPES, QuantizedWeight
 from tests.engine.layers.test_quantized_kernels import (
     CASES,
     SCALE_FIELDS,
@@ -183,3 +183,29 @@ def test_zero_and_integer_inputs(mode: str):
     got = kernels.qlinear(x, dot, dot_fmt, n)
     assert not got[1].any()
     _close_to_reference(got, kernels.qlinear(x, packed, fmt, n))
+
+
+@pytest.mark.parametrize("mode", INTEGER_MODES)
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
+def test_largest_four_bit_sums_stay_exact(qtype: str, mode: str):
+    """Every quant 15 against inputs at the limit: the largest integer sums a 4-bit block can form
+    (AVX2 adds a block's int8 pair sums in 16 bits before widening: 8 * 2 * 15 * 127 = 30480 must not
+    wrap). Every build gives the generic bits, and the value is the exact one."""
+    module = kernels.backend().module
+    if module is None:
+        pytest.skip("the C++ kernels are not built on this machine")
+    n, k = 24, 96
+    header = {"Q4_0": 2, "Q4_1": 4}[qtype]
+    raw = torch.full((n, k // 32, header + 16), 0xFF, dtype=torch.uint8)
+    raw[..., 0:2] = torch.tensor([1.0], dtype=torch.float16).view(torch.uint8)  # d = 1
+    if qtype == "Q4_1":
+        raw[..., 2:4] = torch.tensor([0.0], dtype=torch.float16).view(torch.uint8)  # m = 0
+    weight = QuantizedWeight(qtype, raw, (n, k))
+    fmt, packed = pack_quantized(weight, mode)
+    x = torch.stack([torch.ones(k), -torch.ones(k), torch.where(torch.arange(k) % 2 == 0, 1.0, -1.0)])
+    expected = module.qlinear("generic", x, packed, fmt, n)
+    for isa in kernels.compiled_isas():
+        assert torch.equal(module.qlinear(isa, x, packed, fmt, n), expected), isa
+    level = 15 - (8 if qtype == "Q4_0" else 0)  # Q4_0 weighs q - 8
+    exact = torch.tensor([level * k, -level * k, 0.0])
+    _close_to_reference(expected, exact[:, None].expand(3, n))
