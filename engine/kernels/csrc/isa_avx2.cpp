@@ -23,19 +23,14 @@ namespace nxk {
 
 // ---- int8 and int16 activations (qdot.h): 8 columns per vector, dot products as pairs of 16-bit ones ----
 
-// acc + the dot products of 8 columns' weight quads w with one row's quad x4 (broadcast). Exact: a
-// 16-bit pair sum is at most 2 * 128 * 127 (Q8: |q| times x with q's sign; Q4: 15 * 127), no saturation.
-// 4-bit weights skip the widening here: a block's 8 quads add their pair sums in 16 bits (at most
-// 8 * 2 * 15 * 127 = 30480, exact) and widen once per block, half the multiplies per quad.
-template <int F>
-inline __m256i quad_dot(__m256i acc, __m256i w, __m256i x4) {
-  __m256i pairs;
-  if constexpr (F == kQ8 || F == kQ8S) {
-    const __m256i q = _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));  // the signed quants
-    pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(x4, q));
-  } else {
-    pairs = _mm256_maddubs_epi16(w, x4);
-  }
+// acc + the dot products of 8 columns' 8-bit weight quads w (stored q + 128) with one row's int8 quad
+// x4 (broadcast), widened to 32 bits at once: a 16-bit pair sum, |q| times x with q's sign, can reach
+// 2 * 128 * 127, so two quads' would not fit. 4-bit weights (0..15) instead add a block's 8 quads of
+// pair sums in 16 bits (at most 8 * 2 * 15 * 127 = 30480, exact) and widen once per block (dot_tile):
+// half the multiplies per quad.
+inline __m256i quad_dot_q8(__m256i acc, __m256i w, __m256i x4) {
+  const __m256i q = _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));  // the signed quants
+  const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(x4, q));
   return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
 
@@ -80,7 +75,7 @@ void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t m, f
     constexpr int passes = F == kQ8S ? 2 : 1;  // Q8S: one scale per half block
     for (int pass = 0; pass < passes; ++pass) {
       __m256i is[R][2];
-      __m256i pairs[R][2];  // int8 inputs x 4-bit weights: 16-bit sums of the block's pairs (see quad_dot)
+      __m256i pairs[R][2];  // int8 inputs x 4-bit weights: 16-bit sums of the block's pairs (see quad_dot_q8)
       for (int r = 0; r < R; ++r) is[r][0] = is[r][1] = pairs[r][0] = pairs[r][1] = _mm256_setzero_si256();
       for (int64_t j = pass * kQuads / passes; j < (pass + 1) * kQuads / passes; ++j) {
         const __m256i w0 = quad_of<F>(quants, j, 0), w1 = quad_of<F>(quants, j, 1);
@@ -102,8 +97,8 @@ void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t m, f
         } else {
           for (int r = 0; r < R; ++r) {
             const __m256i x4 = _mm256_set1_epi32(xw[r][j]);
-            is[r][0] = quad_dot<F>(is[r][0], w0, x4);
-            is[r][1] = quad_dot<F>(is[r][1], w1, x4);
+            is[r][0] = quad_dot_q8(is[r][0], w0, x4);
+            is[r][1] = quad_dot_q8(is[r][1], w1, x4);
           }
         }
       }

@@ -18,7 +18,7 @@ from engine.kernels.qdot_reference import (
     quantize_activations,
 )
 from engine.kernels.quant_pack import ACTIVATION_OFFSET, pack_quantized, quantized_rows, unpack_quantized
-from engine.quantized import QTYPES, QuantizedWeight
+from engine.quantized import BLOCK_BYTES, QTYPES, QuantizedWeight
 from tests.engine.layers.test_quantized_kernels import (
     CASES,
     SCALE_FIELDS,
@@ -195,8 +195,7 @@ def test_largest_four_bit_sums_stay_exact(qtype: str, mode: str):
     if module is None:
         pytest.skip("the C++ kernels are not built on this machine")
     n, k = 24, 96
-    header = {"Q4_0": 2, "Q4_1": 4}[qtype]
-    raw = torch.full((n, k // 32, header + 16), 0xFF, dtype=torch.uint8)
+    raw = torch.full((n, k // 32, BLOCK_BYTES[qtype]), 0xFF, dtype=torch.uint8)
     raw[..., 0:2] = torch.tensor([1.0], dtype=torch.float16).view(torch.uint8)  # d = 1
     if qtype == "Q4_1":
         raw[..., 2:4] = torch.tensor([0.0], dtype=torch.float16).view(torch.uint8)  # m = 0
