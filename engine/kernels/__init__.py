@@ -204,13 +204,15 @@ def decoder_forward(
     positions: torch.Tensor,
     context_rows: int = 0,
 ) -> torch.Tensor:
-    """Every layer of ``stack`` over a step's rows: x [N, hidden] float32 -> [N, hidden] float32, K/V
-    written at ``slots`` [N]; cos, sin [N, head_dim]; tables [R, nb], owners and positions [N] long.
-    The last ``context_rows`` rows go through each linear in its context format (add_layer's
-    ``context_formats``). The same bits as running the layers one kernel call at a time."""
-    return stack.forward(
+    """Every layer of ``stack`` over a step's rows: x [N, hidden] float32 -> [N - C, hidden] float32
+    (C = ``context_rows``), K/V written at ``slots`` [N]; cos, sin [N, head_dim]; tables [R, nb], owners
+    and positions [N] long. The last C rows are context rows: each linear takes them in its context
+    format (add_layer's ``context_formats``), and the last layer writes their K/V and drops them (no
+    one reads their output). The same bits as running the layers one kernel call at a time."""
+    out = stack.forward(
         backend().name, x.contiguous(), slots, cos, sin, tables, owners, positions, context_rows
     )
+    return out[: x.shape[0] - context_rows]
 
 
 def attention(

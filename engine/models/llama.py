@@ -54,7 +54,8 @@ class ForwardBatch:
     tables: torch.Tensor  # [R, nb] long: every request's block table (padded), decodes first
     owners: torch.Tensor  # [N] long: the row of ``tables`` each row belongs to
     # the last rows that are context rows: prompt tokens before a request's last (ModelRunner.build),
-    # which only write K/V; under activations "mixed" their o, gate_up and down inputs are int8
+    # which only write K/V (the last layer stops at their K/V); under activations "mixed" their o,
+    # gate_up and down inputs are int8
     context_rows: int = 0
 
 
@@ -372,7 +373,8 @@ class PagedLlama:
         rotation: tuple[torch.Tensor, torch.Tensor],
         local: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
-        """Every decoder layer over the step's rows, one kernel call at a time: x [N, hidden] -> [N, hidden].
+        """Every decoder layer over the step's rows, one kernel call at a time: x [N, hidden] -> [N - C,
+        hidden], C = ``batch.context_rows``: the last layer writes the context rows' K/V and drops them.
         ``rotation``: RoPE's cos and sin for the step's rows ([N, 1, head_dim] each); ``local``: those
         of windowed layers (Gemma 3's own base; the same tables for other families)."""
         c = self.config
@@ -411,6 +413,8 @@ class PagedLlama:
             attn = self._attention(
                 q, kv, layer, batch.groups, plans, batch.tables, batch.owners, batch.positions
             )  # [N, heads * head_dim]
+            if layer == c.num_layers - 1 and context:  # nothing reads a context row past its K/V
+                attn, x, context = attn[: n - context], x[: n - context], 0  # [N - context, ...]
             out = self._linear(attn, p + "self_attn.o_proj.weight", context)
             if c.sandwich_norms:  # Gemma: the attention's output normed before the residual add
                 out = self._norm(out, p + "post_attention_layernorm.weight")

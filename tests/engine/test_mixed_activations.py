@@ -150,7 +150,6 @@ def test_the_layer_loop_refuses_context_arguments_it_cannot_honour(tiny_loaded: 
     args = (torch.tensor([0, 1]), rows, rows, torch.tensor([[0]]), torch.tensor([0, 0]), torch.tensor([0, 1]))
     with pytest.raises(RuntimeError, match="context rows"):
         kernels.decoder_forward(stack, torch.zeros(2, c.hidden_size), *args, context_rows=3)
-    assert kernels.decoder_forward(stack, torch.zeros(2, c.hidden_size), *args, context_rows=2).shape == (
-        2,
-        c.hidden_size,
-    )
+    for context in (0, 1, 2):  # the context rows write their K/V and leave the result
+        out = kernels.decoder_forward(stack, torch.zeros(2, c.hidden_size), *args, context_rows=context)
+        assert out.shape == (2 - context, c.hidden_size)

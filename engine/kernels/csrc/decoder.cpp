@@ -200,8 +200,12 @@ torch::Tensor DecoderStack::forward(const std::string& isa, const torch::Tensor&
   float* xs = out.data_ptr<float>();
   const float* cs = cos.data_ptr<float>();
   const float* sn = sin.data_ptr<float>();
+  const int64_t own_rows = rows - context_rows;  // the rows before the context rows
   for (size_t l = 0; l < layers_.size(); ++l) {
     const DecoderLayer& layer = layers_[l];
+    // past its K/V, the last layer runs only the rows whose output is read (context rows come last)
+    const bool last = l + 1 == layers_.size();
+    const int64_t live = last ? own_rows : rows, context = last ? 0 : context_rows;
     // the previous layer's MLP output joins the residual stream here, in one pass with this norm
     add_and_norm(t, xs, l == 0 ? nullptr : tmp_.data(), rows, hidden_, eps_, layer.input_norm, h_.data());
     apply(t, layer.qkv, h_.data(), rows, qkv_.data(), context_rows);  // [N, q | k | v]
@@ -241,15 +245,16 @@ torch::Tensor DecoderStack::forward(const std::string& isa, const torch::Tensor&
           q_.data(), k_view, kernel_view(vc), tables.data_ptr<int64_t>(), tables.size(1), owners.data_ptr<int64_t>(),
           positions.data_ptr<int64_t>(), heads_, kv_heads_, d, block, static_cast<float>(scale_), window_, 0.0f,
           attn_.data()};  // [N, heads * d] into attn_
-      run_attention(t, args, rows);
+      run_attention(t, args, live);
     });
-    apply(t, layer.o, attn_.data(), rows, tmp_.data(), context_rows);
-    add_and_norm(t, xs, tmp_.data(), rows, hidden_, eps_, layer.post_norm, h_.data());
-    apply(t, layer.gate_up, h_.data(), rows, gate_up_.data(), context_rows);  // [N, gate | up]
-    run_silu_mul(t, gate_up_.data(), rows, intermediate_, act_.data());
-    apply(t, layer.down, act_.data(), rows, tmp_.data(), context_rows);  // joins the stream at the next layer's norm
+    if (live == 0) continue;
+    apply(t, layer.o, attn_.data(), live, tmp_.data(), context);
+    add_and_norm(t, xs, tmp_.data(), live, hidden_, eps_, layer.post_norm, h_.data());
+    apply(t, layer.gate_up, h_.data(), live, gate_up_.data(), context);  // [live, gate | up]
+    run_silu_mul(t, gate_up_.data(), live, intermediate_, act_.data());
+    apply(t, layer.down, act_.data(), live, tmp_.data(), context);  // joins the stream at the next layer's norm
   }
-  add_into(xs, tmp_.data(), rows, hidden_);  // the last layer's MLP output
+  add_into(xs, tmp_.data(), own_rows, hidden_);  // the last layer's MLP output
   return out;
 }
 
