@@ -106,6 +106,11 @@ class Gate:
     def check_ids(self) -> tuple[str, ...]:
         return self.checks
 
+    @property
+    def negatives(self) -> tuple[str, ...]:
+        """The negative controls' ids (``<gate>.neg.<fault>``), in check order."""
+        return tuple(c for c in self.checks if ".neg." in c)
+
 
 @dataclass(frozen=True)
 class GateResult:

@@ -38,6 +38,21 @@ def test_a_blinded_detector_is_red() -> None:
     assert run_gate(_gate(_has_nine), blind={"t.neg"}).verdict == "RED"
 
 
+def test_blinding_touches_only_the_blinded_rows() -> None:
+    """Why a gate's tests blind all its controls in one run: each blinded row goes RED, no other does."""
+
+    def body(run: GateRun) -> None:
+        run.check("t.check", True, "x", "x")
+        for name in ("a", "b", "c"):
+            run.negative(f"t.neg.{name}", _has_nine, broken=[9], honest=[1], observed="-")
+
+    gate = Gate("t", "a toy gate", ("t.check", "t.neg.a", "t.neg.b", "t.neg.c"), body)
+    assert gate.negatives == ("t.neg.a", "t.neg.b", "t.neg.c")
+    for blind in ({"t.neg.a"}, {"t.neg.a", "t.neg.c"}, set(gate.negatives)):
+        result = run_gate(gate, blind=blind)
+        assert {r.check for r in result.rows if not r.ok} == blind
+
+
 def _out(tokens: list[int], logprobs: list[float]) -> RequestOutput:
     return RequestOutput("r", [1], tokens, "", "length", logprobs=logprobs)
 
