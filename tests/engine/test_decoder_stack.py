@@ -146,3 +146,42 @@ def test_every_instruction_set_and_thread_count_gives_the_same_stack_bits():
     assert torch.isfinite(results[0][0]).all() and not torch.equal(results[0][0], x)
     for other in results[1:]:
         assert all(torch.equal(a, b) for a, b in zip(results[0], other, strict=True))
+
+
+@needs_compiled
+def test_the_stack_returns_only_the_rows_before_the_context_rows():
+    """forward(..., C) -> [N - C, hidden]: the leading rows, each the bits it has with C = 0, and every
+    row's K/V (the context rows' too) the same either way."""
+    hidden, heads, kv_heads, d, inter, blocks, block = 32, 2, 1, 16, 48, 4, 4
+    gen = torch.Generator().manual_seed(3)
+    module = kernels.backend().module
+
+    def packed(n: int, k: int) -> torch.Tensor:
+        return kernels.pack_linear_weight(torch.randn(n, k, generator=gen) / k**0.5)
+
+    norm = torch.rand(hidden, generator=gen) + 0.5
+    weights = [(packed((heads + 2 * kv_heads) * d, hidden), packed(hidden, heads * d), packed(2 * inter, hidden),
+                packed(hidden, inter)) for _ in range(2)]  # fmt: skip
+    # rows: a decode of request 1, then request 0's last prompt token and its four context rows
+    positions = torch.tensor([2, 4, 0, 1, 2, 3])
+    owners = torch.tensor([1, 0, 0, 0, 0, 0])
+    tables = torch.tensor([[0, 1], [2, 3]])
+    slots = torch.stack(
+        [tables[o, p // block] * block + p % block for o, p in zip(owners, positions, strict=True)]
+    )
+    angles = positions[:, None].float() * torch.linspace(0.1, 1.0, d)[None]
+    x = torch.randn(6, hidden, generator=gen)
+    runs = []
+    for context_rows in (0, 4):
+        caches = [torch.zeros(blocks, kv_heads, block, d) for _ in range(4)]
+        stack = module.DecoderStack(hidden, heads, kv_heads, d, inter, 1e-5, d**-0.5, 0)
+        for layer, (qkv, o, gate_up, down) in enumerate(weights):
+            none = torch.empty(0)
+            k, v = caches[2 * layer], caches[2 * layer + 1]
+            stack.add_layer(norm, qkv, -1, o, -1, norm, gate_up, -1, down, -1, k, v, none, none, none, [])
+        args = (x, slots, angles.cos(), angles.sin(), tables, owners, positions, context_rows)
+        runs.append((stack.forward(kernels.backend().name, *args), caches))
+    (full, full_caches), (narrowed, narrowed_caches) = runs
+    assert full.shape == (6, hidden) and narrowed.shape == (2, hidden)
+    assert torch.equal(narrowed, full[:2])
+    assert all(torch.equal(a, b) for a, b in zip(full_caches, narrowed_caches, strict=True))

@@ -183,7 +183,8 @@ torch::Tensor DecoderStack::forward(const std::string& isa, const torch::Tensor&
   TORCH_CHECK(tables.dim() == 2, "tables must be [R, nb]");
   TORCH_CHECK(context_rows >= 0 && context_rows <= rows, "context rows must be between 0 and the row count");
   auto out = x.clone();  // [N, hidden]: the residual stream
-  if (rows == 0 || layers_.empty()) return out;
+  const int64_t own_rows = rows - context_rows;  // the rows before the context rows
+  if (rows == 0 || layers_.empty()) return out.narrow(0, 0, own_rows);
   const int64_t q_size = heads_ * d, kv_size = kv_heads_ * d, qkv_n = q_size + 2 * kv_size;
   const int64_t block = layers_[0].k_cache.size(2), slot_count = layers_[0].k_cache.size(0) * block;
   const int64_t* slot = slots.data_ptr<int64_t>();
@@ -200,7 +201,6 @@ torch::Tensor DecoderStack::forward(const std::string& isa, const torch::Tensor&
   float* xs = out.data_ptr<float>();
   const float* cs = cos.data_ptr<float>();
   const float* sn = sin.data_ptr<float>();
-  const int64_t own_rows = rows - context_rows;  // the rows before the context rows
   for (size_t l = 0; l < layers_.size(); ++l) {
     const DecoderLayer& layer = layers_[l];
     // past its K/V, the last layer runs only the rows whose output is read (context rows come last)
@@ -255,7 +255,7 @@ torch::Tensor DecoderStack::forward(const std::string& isa, const torch::Tensor&
     apply(t, layer.down, act_.data(), live, tmp_.data(), context);  // joins the stream at the next layer's norm
   }
   add_into(xs, tmp_.data(), own_rows, hidden_);  // the last layer's MLP output
-  return out;
+  return out.narrow(0, 0, own_rows);  // [N - context_rows, hidden]
 }
 
 }  // namespace nxk
