@@ -17,6 +17,11 @@ from engine.sampling_params import SamplingParams
 needs_compiled = pytest.mark.skipif(kernels.backend().module is None, reason="the C++ kernels are not built")
 
 
+def _packed(gen: torch.Generator, n: int, k: int) -> torch.Tensor:
+    """A random [n, k] linear weight in the kernels' packed float layout."""
+    return kernels.pack_linear_weight(torch.randn(n, k, generator=gen) / k**0.5)
+
+
 def _staggered_run(engine: Engine, vocab: int, seed: int) -> list[tuple[list[int], list[float]]]:
     """Requests of mixed lengths joining at different steps (prefill chunks beside decodes), greedy and
     seeded sampling: each request's tokens and logprobs."""
@@ -101,12 +106,9 @@ def test_every_instruction_set_and_thread_count_gives_the_same_stack_bits():
     module = kernels.backend().module
     isas = kernels.compiled_isas()
 
-    def packed(n: int, k: int) -> torch.Tensor:
-        return kernels.pack_linear_weight(torch.randn(n, k, generator=gen) / k**0.5)
-
     weights = [
-        (torch.rand(hidden, generator=gen) + 0.5, packed((heads + 2 * kv_heads) * d, hidden), packed(hidden, heads * d),
-         torch.rand(hidden, generator=gen) + 0.5, packed(2 * inter, hidden), packed(hidden, inter))
+        (torch.rand(hidden, generator=gen) + 0.5, _packed(gen, (heads + 2 * kv_heads) * d, hidden), _packed(gen, hidden, heads * d),
+         torch.rand(hidden, generator=gen) + 0.5, _packed(gen, 2 * inter, hidden), _packed(gen, hidden, inter))
         for _ in range(2)
     ]  # fmt: skip
     family_parts = (
@@ -156,12 +158,9 @@ def test_the_stack_returns_only_the_rows_before_the_context_rows():
     gen = torch.Generator().manual_seed(3)
     module = kernels.backend().module
 
-    def packed(n: int, k: int) -> torch.Tensor:
-        return kernels.pack_linear_weight(torch.randn(n, k, generator=gen) / k**0.5)
-
     norm = torch.rand(hidden, generator=gen) + 0.5
-    weights = [(packed((heads + 2 * kv_heads) * d, hidden), packed(hidden, heads * d), packed(2 * inter, hidden),
-                packed(hidden, inter)) for _ in range(2)]  # fmt: skip
+    weights = [(_packed(gen, (heads + 2 * kv_heads) * d, hidden), _packed(gen, hidden, heads * d), _packed(gen, 2 * inter, hidden),
+                _packed(gen, hidden, inter)) for _ in range(2)]  # fmt: skip
     # rows: a decode of request 1, then request 0's last prompt token and its four context rows
     positions = torch.tensor([2, 4, 0, 1, 2, 3])
     owners = torch.tensor([1, 0, 0, 0, 0, 0])
