@@ -52,12 +52,12 @@ class DecoderStack {
                  const torch::Tensor& k_norm, const std::vector<int64_t>& context_formats);
 
   // Every layer over the step's rows: x [N, hidden] float32 (the embeddings) -> [N - context_rows,
-  // hidden] float32 (the leading rows of a new tensor), writing each row's K/V at its slot. slots, positions, owners [N] long; cos, sin
-  // [N, head_dim] float32 (RoPE rows, rotate-half layout); tables [R, nb] long block tables. The last
-  // ``context_rows`` rows are context rows: each linear multiplies them in its context_format, the
-  // others in its format (two calls over the weight, each row's output its own either way). Nothing
-  // reads a context row's output, only its K/V: the last layer writes their K/V and stops there, and
-  // the result leaves them out.
+  // hidden] float32 (the leading rows of a new tensor), writing each row's K/V at its slot. slots,
+  // positions, owners [N] long; cos, sin [N, head_dim] float32 (RoPE rows, rotate-half layout); tables
+  // [R, nb] long block tables. The last ``context_rows`` rows are context rows: each linear multiplies
+  // them in its context_format, the others in its format (two calls over the weight, each row's output
+  // its own either way). Nothing reads a context row's output, only its K/V: the last layer writes
+  // their K/V and stops there, and the result leaves them out.
   torch::Tensor forward(const std::string& isa, const torch::Tensor& x, const torch::Tensor& slots,
                         const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& tables,
                         const torch::Tensor& owners, const torch::Tensor& positions, int64_t context_rows);
