@@ -300,16 +300,21 @@ class PagedLlama:
         tables: torch.Tensor,
         owners: torch.Tensor,
         positions: torch.Tensor,
+        rows: int,
     ) -> torch.Tensor:
-        """Each group's attention over the paged cache, rows in step order: q [N, H, d] -> [N, H * d]."""
+        """The attention of the step's first ``rows`` rows over the paged cache, in step order: q [N, H,
+        d] -> [rows, H * d]. ``rows`` ends a group (the context rows' groups come last)."""
         c = self.config
         outs = []
         if self.device.type == "cpu":  # our kernel: every row over its own keys, read in place, one call
             out = kernels.attention(
-                q, kv.keys[layer], kv.values[layer], tables, owners, positions, self.scale, c.window(layer)
-            )
+                q[:rows], kv.keys[layer], kv.values[layer], tables, owners[:rows], positions[:rows],
+                self.scale, c.window(layer),
+            )  # fmt: skip
             return out.view(-1, c.q_size).to(q.dtype)
         for g, plan in zip(groups, plans, strict=True):
+            if g.start >= rows:
+                break
             qg = q[g.start : g.start + g.requests * g.rows_each].view(
                 g.requests, g.rows_each, c.num_heads, c.head_dim
             )
@@ -410,11 +415,13 @@ class PagedLlama:
             q, k = qk[:, : c.num_heads], qk[:, c.num_heads :]
             v = qkv[:, qk_end:].view(n, c.num_kv_heads, c.head_dim)
             kv.write(layer, kv_rows, k, v)
+            # nothing reads a context row past its K/V: the last layer attends for the other rows only
+            rows = n - context if layer == c.num_layers - 1 else n
             attn = self._attention(
-                q, kv, layer, batch.groups, plans, batch.tables, batch.owners, batch.positions
-            )  # [N, heads * head_dim]
-            if layer == c.num_layers - 1 and context:  # nothing reads a context row past its K/V
-                attn, x, context = attn[: n - context], x[: n - context], 0  # [N - context, ...]
+                q, kv, layer, batch.groups, plans, batch.tables, batch.owners, batch.positions, rows
+            )  # [rows, heads * head_dim]
+            if rows < n:
+                x, context = x[:rows], 0  # [N - context, hidden]
             out = self._linear(attn, p + "self_attn.o_proj.weight", context)
             if c.sandwich_norms:  # Gemma: the attention's output normed before the residual add
                 out = self._norm(out, p + "post_attention_layernorm.weight")

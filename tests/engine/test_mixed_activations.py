@@ -153,3 +153,29 @@ def test_the_layer_loop_refuses_context_arguments_it_cannot_honour(tiny_loaded: 
     for context in (0, 1, 2):  # the context rows write their K/V and leave the result
         out = kernels.decoder_forward(stack, torch.zeros(2, c.hidden_size), *args, context_rows=context)
         assert out.shape == (2 - context, c.hidden_size)
+
+
+def test_the_layer_by_layer_path_attends_only_for_rows_past_the_last_layer(
+    tiny_loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch
+):
+    """The last layer's attention runs for a step's own rows alone (context rows only write K/V
+    there), and the tokens are the fused stack's."""
+    prompt = _prompts(tiny_loaded.config.vocab_size, 5, (40,))
+    params = SamplingParams(max_tokens=3, ignore_eos=True, logprobs=0)
+    fused = run_to_end(_engine(tiny_loaded, prefill_chunk=32), prompt, params)
+    layered = _engine(tiny_loaded, prefill_chunk=32)
+    layered._model.fused_layers = False
+    rows_seen: list[int] = []
+    real = kernels.attention
+
+    def counting(q: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        rows_seen.append(q.shape[0])
+        return real(q, *args, **kwargs)
+
+    monkeypatch.setattr(kernels, "attention", counting)
+    assert run_to_end(layered, prompt, params) == fused
+    layers = tiny_loaded.config.num_layers
+    steps = [rows_seen[i : i + layers] for i in range(0, len(rows_seen), layers)]
+    # a chunk of 32 context rows, then 7 context rows and the last prompt token, then two decodes
+    assert [(s[0], s[-1]) for s in steps] == [(32, 0), (8, 1), (1, 1), (1, 1)]
+    assert all(len(set(s[:-1])) == 1 for s in steps)
