@@ -29,7 +29,7 @@ $(KSTAMP): $(STAMP) $(KERNEL_SOURCES)
 	touch $(KSTAMP)
 
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=25 --durations-min=5
 
 lint: setup
 	$(BIN)/ruff check .
