@@ -184,14 +184,15 @@ class Driver:
             raise ValueError(f"unknown soak request kind {kind!r}")
 
     async def _burst(self, clients: rq.Clients, rng: random.Random) -> None:
-        """BURST long requests at once on one model (its KV pool cannot hold them all)."""
+        """BURST long requests at once on one model, each run to its max_tokens (an early end of text would
+        free its blocks): together they outgrow the model's KV pool, so the scheduler preempts."""
         model = rng.choice(self.phase.models)
         sends = []
         for _ in range(BURST):
             sent = self._new("burst")
             sent.model = model
             draw = rq.Draw(model, long_prompt(rng, sent.marker), 150, 0.0, rng.randrange(1 << 30))
-            sends.append(self._send(sent, rq.openai_chat(clients, sent, draw)))
+            sends.append(self._send(sent, rq.openai_chat(clients, sent, draw, ignore_eos=True)))
         await asyncio.gather(*sends)
 
     async def _watch_stalls(self, tick: float = 0.05) -> None:

@@ -116,7 +116,8 @@ def _finished(r: Any, sent: Sent) -> None:
     sent.complete(r.usage.prompt_tokens, r.usage.completion_tokens)
 
 
-async def openai_chat(c: Clients, sent: Sent, d: Draw) -> None:
+async def openai_chat(c: Clients, sent: Sent, d: Draw, ignore_eos: bool = False) -> None:
+    """A chat completion; ``ignore_eos`` (vLLM's extension) runs it to ``max_tokens`` whatever it says."""
     r = await c.openai.chat.completions.create(
         model=d.model,
         messages=d.messages,
@@ -124,6 +125,7 @@ async def openai_chat(c: Clients, sent: Sent, d: Draw) -> None:
         temperature=d.temperature,
         seed=d.seed,
         extra_headers=_named(sent),
+        extra_body={"ignore_eos": True} if ignore_eos else None,
     )
     _finished(r, sent)
 
