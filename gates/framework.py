@@ -61,6 +61,10 @@ class GateRun:
     blind: frozenset[str] = frozenset()
     status_dir: Path | None = None  # where this run's TSVs go; gates that read evidence read it here
     rows: list[Row] = field(default_factory=list)
+    # controls also recorded blinded, for a second view of the same run (``run_gate_and_blinded``):
+    # row index -> the row that control gets with its detection disabled
+    also_blind: frozenset[str] = frozenset()
+    blinded_rows: dict[int, Row] = field(default_factory=dict)
 
     def check(self, check_id: str, ok: bool, expected: object, observed: object, detail: str = "") -> bool:
         """Record a check; returns whether it holds."""
@@ -79,18 +83,28 @@ class GateRun:
         """Record a negative control: GREEN when ``detect`` catches the ``broken`` evidence and stays quiet
         on the ``honest`` evidence (from the same setting without the fault)."""
         caught, false_alarm = bool(detect(broken)), bool(detect(honest))
-        if check_id in self.blind:
-            caught, detail = False, f"detection disabled (blind); {detail}".rstrip("; ")
-        ok = caught and not false_alarm
-        seen = f"{observed}; honest input: {'FALSE ALARM' if false_alarm else 'not caught'}"
-        self.rows.append(Row(check_id, "neg", ok, "caught, honest input not", seen, detail))
-        return ok
+        if check_id in self.also_blind:
+            blinded = _negative_row(check_id, caught, false_alarm, observed, detail, blind=True)
+            self.blinded_rows[len(self.rows)] = blinded
+        row = _negative_row(check_id, caught, false_alarm, observed, detail, blind=check_id in self.blind)
+        self.rows.append(row)
+        return row.ok
 
     def error(self, check_id: str, exc: BaseException) -> None:
         """Record a check that could not run: an exception is a RED row, never a silent pass."""
         self.rows.append(
             Row(check_id, "check", False, "runs", f"error: {type(exc).__name__}", str(exc)[:300])
         )
+
+
+def _negative_row(
+    check_id: str, caught: bool, false_alarm: bool, observed: object, detail: str, blind: bool
+) -> Row:
+    """A negative control's row: GREEN when caught without a false alarm; a blinded control is never caught."""
+    if blind:
+        caught, detail = False, f"detection disabled (blind); {detail}".rstrip("; ")
+    seen = f"{observed}; honest input: {'FALSE ALARM' if false_alarm else 'not caught'}"
+    return Row(check_id, "neg", caught and not false_alarm, "caught, honest input not", seen, detail)
 
 
 @dataclass(frozen=True)
@@ -144,13 +158,9 @@ def read_tsv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f, delimiter="\t"))
 
 
-def run_gate(gate: Gate, status_dir: Path | None = None, blind: Iterable[str] = ()) -> GateResult:
-    """Run one gate's body, write its TSV when ``status_dir`` is given, and return the result.
-
-    An exception escaping the body becomes a RED row, so a crashing gate can never read GREEN.
-    Every declared check id that produced no row is reported RED as ``missing``.
-    """
-    run = GateRun(gate.name, frozenset(blind), Path(status_dir) if status_dir is not None else None)
+def _run_body(gate: Gate, run: GateRun) -> float:
+    """Run the body into ``run``: an escaping exception becomes a RED row, and every declared check id
+    that produced no row is reported RED as ``missing``. Returns the seconds it took."""
     started = time.perf_counter()
     try:
         gate.body(run)
@@ -160,8 +170,41 @@ def run_gate(gate: Gate, status_dir: Path | None = None, blind: Iterable[str] = 
     for check_id in gate.checks:
         if check_id not in seen:
             run.rows.append(Row(check_id, "check", False, "reported", "missing", "the gate produced no row"))
-    tsv = None
-    if status_dir is not None:
-        tsv = Path(status_dir) / f"{gate.name}.tsv"
-        write_tsv(tsv, run.rows)
-    return GateResult(gate.name, tuple(run.rows), time.perf_counter() - started, tsv)
+    return time.perf_counter() - started
+
+
+def _write_status(gate: Gate, run: GateRun, status_dir: Path | None) -> Path | None:
+    if status_dir is None:
+        return None
+    tsv = Path(status_dir) / f"{gate.name}.tsv"
+    write_tsv(tsv, run.rows)
+    return tsv
+
+
+def run_gate(gate: Gate, status_dir: Path | None = None, blind: Iterable[str] = ()) -> GateResult:
+    """Run one gate's body, write its TSV when ``status_dir`` is given, and return the result.
+
+    An exception escaping the body becomes a RED row, so a crashing gate can never read GREEN.
+    Every declared check id that produced no row is reported RED as ``missing``.
+    """
+    run = GateRun(gate.name, frozenset(blind), Path(status_dir) if status_dir is not None else None)
+    seconds = _run_body(gate, run)
+    return GateResult(gate.name, tuple(run.rows), seconds, _write_status(gate, run, status_dir))
+
+
+def run_gate_and_blinded(
+    gate: Gate, blind: Iterable[str], status_dir: Path | None = None
+) -> tuple[GateResult, GateResult]:
+    """Run one gate's body once and return two views of it: as built (its TSV written when ``status_dir``
+    is given), and with the ``blind`` controls' detection disabled (no TSV).
+
+    Blinding rewrites a control's row after its detectors ran and no body reads it back, so the second
+    view is the result a separate ``run_gate(gate, blind=blind)`` would give on the same evidence; tests
+    use it to prove a gate turns RED without its controls, at the cost of one run instead of two.
+    """
+    directory = Path(status_dir) if status_dir is not None else None
+    run = GateRun(gate.name, status_dir=directory, also_blind=frozenset(blind))
+    seconds = _run_body(gate, run)
+    as_built = GateResult(gate.name, tuple(run.rows), seconds, _write_status(gate, run, status_dir))
+    blinded = tuple(run.blinded_rows.get(i, row) for i, row in enumerate(run.rows))
+    return as_built, GateResult(gate.name, blinded, seconds, None)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gates.engine_gate import GATE as ENGINE_GATE
-from gates.framework import read_tsv, run_gate
+from gates.framework import read_tsv, run_gate, run_gate_and_blinded
 from gates.sched_gate import GATE as SCHED_GATE
 
 
@@ -28,10 +28,8 @@ def test_engine_gate_red_without_detection() -> None:
 
 @pytest.fixture(scope="module")
 def sched_results() -> dict:
-    return {
-        "green": run_gate(SCHED_GATE),
-        "blind": run_gate(SCHED_GATE, blind=SCHED_GATE.negatives),  # each touches only its own row
-    }
+    green, blind = run_gate_and_blinded(SCHED_GATE, SCHED_GATE.negatives)  # each touches only its own row
+    return {"green": green, "blind": blind}
 
 
 def test_sched_gate_green(sched_results: dict) -> None:

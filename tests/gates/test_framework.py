@@ -4,7 +4,7 @@ honest one, so a detector hard-wired to either answer turns its row RED in every
 from __future__ import annotations
 
 from engine.outputs import RequestOutput
-from gates.framework import Gate, GateRun, run_gate
+from gates.framework import Gate, GateRun, run_gate, run_gate_and_blinded
 from gates.runs import any_differ
 
 
@@ -51,6 +51,25 @@ def test_blinding_touches_only_the_blinded_rows() -> None:
     for blind in ({"t.neg.a"}, {"t.neg.a", "t.neg.c"}, set(gate.negatives)):
         result = run_gate(gate, blind=blind)
         assert {r.check for r in result.rows if not r.ok} == blind
+
+
+def test_one_run_seen_blinded_equals_a_blinded_run(tmp_path) -> None:
+    """``run_gate_and_blinded``: its first view is the gate as built (TSV written), its second exactly what
+    ``run_gate(blind=...)`` gives, whichever controls are blinded and whether or not they fire."""
+
+    def body(run: GateRun) -> None:
+        run.check("t.check", True, "x", "x")
+        run.negative("t.neg.a", _has_nine, broken=[9], honest=[1], observed="a")
+        run.negative("t.neg.b", lambda values: False, broken=[9], honest=[1], observed="b", detail="d")
+        run.negative("t.neg.c", lambda values: True, broken=[9], honest=[1], observed="c")
+
+    gate = Gate("t", "a toy gate", ("t.check", "t.neg.a", "t.neg.b", "t.neg.c", "t.never"), body)
+    for blind in (set(), {"t.neg.a"}, {"t.neg.b", "t.neg.c"}, set(gate.negatives)):
+        as_built, blinded = run_gate_and_blinded(gate, blind, tmp_path)
+        assert as_built.rows == run_gate(gate).rows
+        assert blinded.rows == run_gate(gate, blind=blind).rows
+        assert as_built.tsv_path == tmp_path / "t.tsv" and blinded.tsv_path is None
+    assert {r.check for r in blinded.rows if not r.ok} == {"t.neg.a", "t.neg.b", "t.neg.c", "t.never"}
 
 
 def _out(tokens: list[int], logprobs: list[float]) -> RequestOutput:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gates import matrix
-from gates.framework import read_tsv, run_gate
+from gates.framework import read_tsv, run_gate_and_blinded
 from gates.invariance_gate import ENGINE_CASES, GATE, gate_seed
 
 NEGATIVES = ("invariance.neg.batch_dependent_matmul", "invariance.neg.batch_dependent_norm")
@@ -16,12 +16,14 @@ NEGATIVES = ("invariance.neg.batch_dependent_matmul", "invariance.neg.batch_depe
 
 @pytest.fixture(scope="module")
 def green(tmp_path_factory: pytest.TempPathFactory):
+    """One gate run, seen as built and with both negative controls blinded."""
     status = tmp_path_factory.mktemp("status")
-    return run_gate(GATE, status), status
+    as_built, blinded = run_gate_and_blinded(GATE, NEGATIVES, status)
+    return as_built, status, blinded
 
 
 def test_invariance_gate_green_with_seed_and_digest_in_every_row(green) -> None:
-    result, status = green
+    result, status, _ = green
     assert result.verdict == "GREEN", [r for r in result.rows if not r.ok]
     rows = {r["check"]: r for r in read_tsv(status / "invariance.tsv")}
     assert set(rows) == set(GATE.checks)
@@ -30,16 +32,16 @@ def test_invariance_gate_green_with_seed_and_digest_in_every_row(green) -> None:
 
 
 def test_each_negative_control_fires(green) -> None:
-    result, _ = green
+    result, _, _ = green
     fired = {r.check: r for r in result.rows if r.kind == "neg"}
     for neg in NEGATIVES:  # caught means the detector saw requests differ under the fault
         assert fired[neg].ok and not fired[neg].observed.startswith("0/"), fired[neg]
 
 
-def test_gate_red_when_a_negative_control_is_not_caught() -> None:
+def test_gate_red_when_a_negative_control_is_not_caught(green) -> None:
     """Blinded together (blinding touches only its own row): each control, and nothing else, goes RED."""
     assert GATE.negatives == NEGATIVES
-    result = run_gate(GATE, blind=NEGATIVES)
+    _, _, result = green
     assert result.verdict == "RED"
     assert {r.check for r in result.rows if not r.ok} == set(NEGATIVES)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 
 from gates.fault_proxy import Corrupter, FaultProxy
-from gates.framework import read_tsv, run_gate
+from gates.framework import read_tsv, run_gate_and_blinded
 from gates.serve_gate import GATE
 from gates.serve_probe import Ask, ask, compare
 from nxctl.server.app import create_app
@@ -19,20 +19,17 @@ from nxctl.server.uvicorn_seat import BackgroundSeat
 NEGATIVES = ("serve.neg.corrupted_chunk", "serve.neg.dropped_request")
 
 
-def test_gate_is_green_and_writes_its_tsv(tmp_path: Path) -> None:
-    result = run_gate(GATE, tmp_path)
+def test_gate_is_green_and_writes_its_tsv_and_blinded_is_red_exactly_there(tmp_path: Path) -> None:
+    """GREEN as built; blinded together (blinding touches only its own row), each control and nothing else
+    goes RED. One run of the gate, seen both ways."""
+    assert GATE.negatives == NEGATIVES
+    result, blinded = run_gate_and_blinded(GATE, NEGATIVES, tmp_path)
     assert result.green, [r for r in result.rows if not r.ok]
     rows = read_tsv(tmp_path / "serve.tsv")
     assert [r["check"] for r in rows] == list(GATE.checks)
     assert [r["check"] for r in rows if r["kind"] == "neg"] == list(NEGATIVES)
-
-
-def test_blinding_the_negative_controls_turns_exactly_them_red() -> None:
-    """Blinded together (blinding touches only its own row): each control, and nothing else, goes RED."""
-    assert GATE.negatives == NEGATIVES
-    result = run_gate(GATE, blind=NEGATIVES)
-    assert not result.green
-    assert {r.check for r in result.rows if not r.ok} == set(NEGATIVES)
+    assert not blinded.green
+    assert {r.check for r in blinded.rows if not r.ok} == set(NEGATIVES)
 
 
 def test_corrupter_changes_one_character_whatever_the_segmentation() -> None:
