@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from engine.config import EngineConfig, ModelConfig, dtype_name, parse_dtype, resolve_device
+from engine.errors import InvalidRequestError
 from engine.loader import LoadedModel, load_config, load_model, resolve_model
 from engine.models.held_weights import held_kv_dtype, holds_quantized, streamed_weight_bytes
 from engine.workload import WorkloadRequest, dataset_workload, make_workload
@@ -148,6 +149,14 @@ def _requested(requests: list[WorkloadRequest]) -> int:
     return sum(r.output_len for r in requests)
 
 
+def _compare_config(ctx: _Context) -> EngineConfig:
+    """cb_invariant's config at --compare-dtype or with --compare-activations (one of them is set)."""
+    opts = ctx.opts
+    if opts.compare_activations is not None:
+        return ctx.engine_config(activations=opts.compare_activations)
+    return ctx.engine_config(dtype=opts.compare_dtype)
+
+
 def _run_one(ctx: _Context, name: str, label: str, rep: int) -> dict[str, Any]:
     """One schedule's run (the engine is made fresh for it)."""
     opts, reqs = ctx.opts, ctx.requests
@@ -159,7 +168,7 @@ def _run_one(ctx: _Context, name: str, label: str, rep: int) -> dict[str, Any]:
     if opts.speculative is not None:
         continuous["cb_spec"] = ctx.spec_config()
     if opts.compare_schedule:
-        continuous[opts.compare_schedule] = ctx.engine_config(dtype=opts.compare_dtype)
+        continuous[opts.compare_schedule] = _compare_config(ctx)
     if name in continuous:
         config = continuous[name]
         advance = ctx.start_task(label, _requested(reqs))
@@ -254,8 +263,8 @@ def _warm_up(ctx: _Context) -> None:
     configs = [ctx.engine_config(), ctx.engine_config(batch_invariant=False)]
     if ctx.opts.speculative is not None:
         configs.append(ctx.spec_config())
-    if ctx.opts.compare_dtype:
-        configs.append(ctx.engine_config(dtype=ctx.opts.compare_dtype))
+    if ctx.opts.compare_schedule:
+        configs.append(_compare_config(ctx))
     for config in configs:
         run_continuous(make_engine(ctx.loaded, config), [req], lambda n: None)
     if ctx.hf_model is not None:
@@ -342,6 +351,11 @@ def run_bench(
     clock = _Clock()
     source = resolve_model(opts.model)
     loaded = load_model(source)
+    if opts.compare_activations is not None and not holds_quantized(loaded.config, opts.quantize):
+        raise InvalidRequestError(
+            f"--compare-activations: {opts.model} holds no quantized weights under --quantize {opts.quantize}, "
+            "so activations change nothing"
+        )
     requests = _workload(opts, loaded)
     notify(f"bench: load {clock.lap('load'):.1f} s")
     device = resolve_device("auto")

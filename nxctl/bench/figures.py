@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from engine.mux.registry import ACTIVATION_MODES
 from nxctl.bench.options import SCHEDULES, SHORT_DTYPE
 from nxctl.bench.peers.registry import SUBPROCESS_SCHEDULES
 
@@ -146,13 +147,28 @@ def dtype_ratio(run_dtype: str, compare_dtype: str) -> Ratio:
     )
 
 
+def activations_ratio(run_activations: str, compare_activations: str) -> Ratio:
+    """--compare-activations' ratio: cb_invariant with the run's activations over cb_invariant with the other."""
+    return Ratio(
+        f"{run_activations}_vs_{compare_activations}_activations_invariant_output_throughput",
+        "cb_invariant",
+        "output_throughput",
+        f"cb_invariant_{compare_activations}_activations",
+        "output_throughput",
+    )
+
+
 def _alternatives(names: tuple[str, ...] | list[str]) -> str:
     return "|".join(re.escape(n) for n in names)
 
 
 _DTYPES = _alternatives(list(SHORT_DTYPE.values()))
 URL_SCHEDULE = "url"  # --url: a running seat measured over HTTP
-_SCHEDULE = rf"(?:{_alternatives((*SCHEDULES, URL_SCHEDULE))}|cb_invariant_(?:{_DTYPES}))"
+_ACTIVATIONS = _alternatives(list(ACTIVATION_MODES))
+_SCHEDULE = (
+    rf"(?:{_alternatives((*SCHEDULES, URL_SCHEDULE))}|cb_invariant_(?:{_DTYPES})"
+    rf"|cb_invariant_(?:{_ACTIVATIONS})_activations)"
+)
 _PATTERN = re.compile(
     "|".join(
         (
@@ -160,6 +176,7 @@ _PATTERN = re.compile(
             rf"{_SCHEDULE}\.(?:{_alternatives(LATENCY_METRICS)})\.(?:{_alternatives(LATENCY_STATS)})",
             rf"{_SCHEDULE}\.tenant_output_tokens\.[\w.-]+",
             rf"ratios\.(?:{_alternatives([r.name for r in RATIOS])}|(?:{_DTYPES})_vs_(?:{_DTYPES})_invariant_output_throughput)",
+            rf"ratios\.(?:{_ACTIVATIONS})_vs_(?:{_ACTIVATIONS})_activations_invariant_output_throughput",
             rf"agreement\.(?:{_alternatives(AGREEMENT)})",
             rf"machine\.peak_gflops\.(?:{_alternatives(list(SHORT_DTYPE))})",
             r"machine\.read_gbps",

@@ -33,6 +33,7 @@ class BenchOptions:
     repeat: int = 1
     schedules: tuple[str, ...] = ()
     compare_dtype: str | None = None
+    compare_activations: str | None = None  # also run cb_invariant with these activations (quantized weights)
     url: str | None = None
     concurrency: int | None = None
     peers_dir: Path | None = None  # where `make peers` put the subprocess peers (None: the default)
@@ -79,6 +80,18 @@ class BenchOptions:
             parse_dtype(self.compare_dtype)
             if self.compare_dtype == self.dtype:
                 raise InvalidRequestError(f"--compare-dtype {self.compare_dtype} is the run's own dtype")
+        if self.compare_activations is not None:
+            if self.compare_activations not in ACTIVATION_MODES:
+                raise InvalidRequestError(
+                    f"--compare-activations must be one of {', '.join(ACTIVATION_MODES)}, "
+                    f"got {self.compare_activations!r}"
+                )
+            if self.compare_activations == self.activations:
+                raise InvalidRequestError(
+                    f"--compare-activations {self.compare_activations} is the run's own activations"
+                )
+            if self.compare_dtype is not None:
+                raise InvalidRequestError("--compare-dtype and --compare-activations: choose one comparison")
         if self.speculative is not None:
             EngineConfig(
                 speculative=self.speculative,
@@ -92,7 +105,9 @@ class BenchOptions:
 
     @property
     def compare_schedule(self) -> str | None:
-        """The name of the cb_invariant run at --compare-dtype, if any."""
+        """The name of the cb_invariant run at --compare-dtype or --compare-activations, if any."""
+        if self.compare_activations:
+            return f"cb_invariant_{self.compare_activations}_activations"
         return f"cb_invariant_{SHORT_DTYPE[self.compare_dtype]}" if self.compare_dtype else None
 
     def selected(self) -> tuple[str, ...]:

@@ -103,6 +103,13 @@ def bench(
     compare_dtype: Annotated[
         str | None, typer.Option("--compare-dtype", help="Also run cb_invariant in this dtype and compare.")
     ] = None,
+    compare_activations: Annotated[
+        str | None,
+        typer.Option(
+            "--compare-activations",
+            help="Also run cb_invariant with these activations (float, int16, int8, mixed) and compare.",
+        ),
+    ] = None,
     shared_prefix: Annotated[
         int, typer.Option("--shared-prefix", help="Tokens every prompt starts with.")
     ] = 0,
@@ -165,6 +172,7 @@ def bench(
             repeat=repeat,
             schedules=parse_schedules(schedules),
             compare_dtype=compare_dtype,
+            compare_activations=compare_activations,
             url=url,
             concurrency=concurrency,
             peers_dir=peers_dir,

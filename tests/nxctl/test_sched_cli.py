@@ -130,6 +130,11 @@ def test_one_request_and_no_json_writes_nothing(tmp_path: Path, monkeypatch: pyt
         (["--input-len", "1020:1022"], "context"),
         (["--dtype", "int3"], "unsupported dtype"),
         (["--activations", "fp8"], "--activations must be one of float, int16, int8"),
+        (["--compare-activations", "fp8"], "--compare-activations must be one of float, int16, int8"),
+        (["--compare-activations", "mixed"], "is the run's own activations"),
+        (["--compare-activations", "float", "--compare-dtype", "bfloat16"], "choose one comparison"),
+        (["--compare-activations", "float"], "holds no quantized weights"),  # tiny is float32
+        (["--compare-activations", "float", "--quantize", "none"], "holds no quantized weights"),
     ],
 )
 def test_bad_input_is_one_clear_line(args: list[str], needle: str) -> None:
@@ -150,6 +155,25 @@ def test_bad_input_is_one_clear_line(args: list[str], needle: str) -> None:
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("nxctl: error:"), result.stderr
     assert needle in lines[0]
+
+
+def test_compare_activations_runs_both_and_reports_the_ratio(tmp_path: Path) -> None:
+    """tiny's float weights quantized at load (Q8_0), cb_invariant with int16 activations beside float:
+    a column and a ratio, and both runs' tokens in the JSON's figures."""
+    out = tmp_path / "acts.json"
+    args = ["sched", "bench", *SMALL, "--quantize", "int8", "--activations", "int16"]
+    args += ["--compare-activations", "float", "--schedules", "cb_invariant", "--json", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "cb_invariant_float_activations" in result.stdout
+    data = json.loads(out.read_text())
+    assert set(data["schedules"]) == {"cb_invariant", "cb_invariant_float_activations"}
+    figures = data["figures"]
+    assert figures["ratios.int16_vs_float_activations_invariant_output_throughput"] > 0
+    assert (
+        figures["cb_invariant_float_activations.total_output_tokens"]
+        == figures["cb_invariant.total_output_tokens"]
+    )
 
 
 def test_compare_dtype_reports_the_ratio_and_agreement(tmp_path: Path) -> None:

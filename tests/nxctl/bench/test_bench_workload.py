@@ -92,6 +92,8 @@ def test_schedule_selection() -> None:
     assert "cb_nocache" in prefix.selected()
     both = BenchOptions(dtype="bfloat16", compare_dtype="float32", schedules=("static", "cb_invariant"))
     assert both.selected() == ("cb_invariant", "cb_invariant_f32", "static")
+    acts = BenchOptions(compare_activations="float", schedules=("cb_invariant", "single"))
+    assert acts.selected() == ("cb_invariant", "cb_invariant_float_activations", "single")
     assert BenchOptions(url="http://x").selected() == ("url",)
     for bad in (
         {"schedules": ("nope",)},
@@ -101,6 +103,9 @@ def test_schedule_selection() -> None:
         {"schedules": ("vllm_f32",), "peers": ("hf",)},
         {"repeat": 0},
         {"dtype": "float32", "compare_dtype": "float32"},
+        {"compare_activations": "mixed"},  # the default activations: nothing to compare
+        {"compare_activations": "fp8"},
+        {"compare_activations": "float", "compare_dtype": "bfloat16"},
         {"url": "localhost:1"},
     ):
         with pytest.raises(InvalidRequestError):
