@@ -173,10 +173,11 @@ def _run_body(gate: Gate, run: GateRun) -> float:
     return time.perf_counter() - started
 
 
-def _write_status(gate: Gate, run: GateRun, status_dir: Path | None) -> Path | None:
-    if status_dir is None:
+def _write_status(gate: Gate, run: GateRun) -> Path | None:
+    """Write the run's TSV into its status directory, if it has one; returns the path written."""
+    if run.status_dir is None:
         return None
-    tsv = Path(status_dir) / f"{gate.name}.tsv"
+    tsv = run.status_dir / f"{gate.name}.tsv"
     write_tsv(tsv, run.rows)
     return tsv
 
@@ -189,7 +190,7 @@ def run_gate(gate: Gate, status_dir: Path | None = None, blind: Iterable[str] = 
     """
     run = GateRun(gate.name, frozenset(blind), Path(status_dir) if status_dir is not None else None)
     seconds = _run_body(gate, run)
-    return GateResult(gate.name, tuple(run.rows), seconds, _write_status(gate, run, status_dir))
+    return GateResult(gate.name, tuple(run.rows), seconds, _write_status(gate, run))
 
 
 def run_gate_and_blinded(
@@ -205,6 +206,6 @@ def run_gate_and_blinded(
     directory = Path(status_dir) if status_dir is not None else None
     run = GateRun(gate.name, status_dir=directory, also_blind=frozenset(blind))
     seconds = _run_body(gate, run)
-    as_built = GateResult(gate.name, tuple(run.rows), seconds, _write_status(gate, run, status_dir))
+    as_built = GateResult(gate.name, tuple(run.rows), seconds, _write_status(gate, run))
     blinded = tuple(run.blinded_rows.get(i, row) for i, row in enumerate(run.rows))
     return as_built, GateResult(gate.name, blinded, seconds, None)

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 from engine.mux.registry import ACTIVATION_MODES
-from nxctl.bench.options import SCHEDULES, SHORT_DTYPE
+from nxctl.bench.options import SCHEDULES, SHORT_DTYPE, BenchOptions
 from nxctl.bench.peers.registry import SUBPROCESS_SCHEDULES
 
 RUN_METRICS = (
@@ -135,27 +135,17 @@ RATIOS = (
 )
 
 
-def dtype_ratio(run_dtype: str, compare_dtype: str) -> Ratio:
-    """--compare-dtype's ratio: cb_invariant at the run's dtype over cb_invariant at the other."""
-    a, b = SHORT_DTYPE[run_dtype], SHORT_DTYPE[compare_dtype]
-    return Ratio(
-        f"{a}_vs_{b}_invariant_output_throughput",
-        "cb_invariant",
-        "output_throughput",
-        f"cb_invariant_{b}",
-        "output_throughput",
-    )
-
-
-def activations_ratio(run_activations: str, compare_activations: str) -> Ratio:
-    """--compare-activations' ratio: cb_invariant with the run's activations over cb_invariant with the other."""
-    return Ratio(
-        f"{run_activations}_vs_{compare_activations}_activations_invariant_output_throughput",
-        "cb_invariant",
-        "output_throughput",
-        f"cb_invariant_{compare_activations}_activations",
-        "output_throughput",
-    )
+def compare_ratio(opts: BenchOptions) -> Ratio | None:
+    """--compare-dtype's or --compare-activations' ratio: cb_invariant over its compare schedule
+    (``opts.compare_schedule``); None without either."""
+    if opts.compare_schedule is None:
+        return None
+    if opts.compare_dtype is not None:
+        sides = f"{SHORT_DTYPE[opts.dtype]}_vs_{SHORT_DTYPE[opts.compare_dtype]}"
+    else:
+        sides = f"{opts.activations}_vs_{opts.compare_activations}_activations"
+    name = f"{sides}_invariant_output_throughput"
+    return Ratio(name, "cb_invariant", "output_throughput", opts.compare_schedule, "output_throughput")
 
 
 def _alternatives(names: tuple[str, ...] | list[str]) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 from engine import kernels
 from nxctl.bench.bench_run import BenchResult
-from nxctl.bench.figures import RATIOS, Ratio, activations_ratio, dtype_ratio, is_declared
+from nxctl.bench.figures import RATIOS, Ratio, compare_ratio, is_declared
 
 # constants of a schedule (the same in every repeat), not measurements
 VALUE_KEYS = (
@@ -85,10 +85,9 @@ def ratios(result: BenchResult) -> dict[str, dict[str, float]]:
     """The declared ratios (nxctl/bench/figures.py), each aggregated over repeats; absent when not measurable."""
     opts = result.options
     declared = list(RATIOS)
-    if opts.compare_dtype:
-        declared.append(dtype_ratio(opts.dtype, opts.compare_dtype))
-    if opts.compare_activations:
-        declared.append(activations_ratio(opts.activations, opts.compare_activations))
+    compared = compare_ratio(opts)
+    if compared is not None:
+        declared.append(compared)
     series = {r.name: _ratio_series(result, r) for r in declared}
     return {k: aggregate(v) for k, v in series.items() if v}
 
