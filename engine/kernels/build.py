@@ -20,6 +20,7 @@ SOURCES = (
     "decoder.cpp",
     "isa_generic.cpp",
     "isa_avx2.cpp",
+    "isa_avx2_quantize.cpp",
     "isa_avx512.cpp",
     "isa_avx512_vnni.cpp",
     "isa_avx512_quantize.cpp",

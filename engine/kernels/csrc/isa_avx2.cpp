@@ -150,6 +150,7 @@ struct Avx2Dots {
 KernelTable avx2_table() {
   KernelTable t = make_table<Avx2Vec>("avx2");
   set_dot_entries<Avx2Dots>(t);
+  use_avx2_quantizers(t);
   return t;
 }
 

@@ -93,6 +93,7 @@ void set_dot_entries(KernelTable& t) {
 KernelTable generic_table();
 KernelTable avx2_table();
 KernelTable avx512_table();  // avx2_table with 16-lane linears (isa_avx512.cpp)
+void use_avx2_quantizers(KernelTable& t);  // quantize_rows in 8 lanes (isa_avx2_quantize.cpp)
 void use_avx512_quantizers(KernelTable& t);  // quantize_rows in 16 lanes (isa_avx512_quantize.cpp)
 void use_avx512_attention(KernelTable& t);  // attention with 16-lane passes (isa_avx512_attention.cpp)
 void use_vnni_dots(KernelTable& t);  // the int8/int16-activation entries for AVX512-VNNI CPUs (isa_avx512_vnni.cpp)
