@@ -125,9 +125,124 @@ void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t m, f
   for (int r = 0; r < R; ++r) store_columns<Avx2Vec>(y + (m + r) * N, acc[r][0], acc[r][1], cols);
 }
 
+// ---- int16 inputs x 4-bit weights on the fma pipes (many rows) ----
+//
+// Without VNNI a pair of 16-bit products (vpmaddwd) issues on one pipe of the CPUs this table serves
+// first and needs an add of its own, while float fma issues on two: so with enough rows to share the
+// conversions, a 4-bit weight block times int16 inputs runs as float32 fma chains instead. Every
+// product q * qx (at most 15 * 32767 < 2^19) and every partial sum of a block's 32 (at most
+// 32 * 15 * 32767 < 2^24) is an integer float32 holds exactly, so each block's chain ends on the same
+// exact sum dot_tile forms in integer lanes, and the per-block combine is dot_tile's: the same bits.
+// (A sum that ends on zero is +0, as the converted integer is: a chain from +0 only meets -0 in a
+// product, and +0 + -0 is +0.)
+constexpr int64_t kFmaLeastRows = 32;  // fewer rows: dot_tile (the conversions would not be shared)
+
+// The quants of a 4-bit panel (Q4, Q4S in the dot layout) as floats, [K, 16] in k order
+template <int F>
+void panel_quants_as_floats(const uint8_t* panel, int64_t K, float* wf) {
+  constexpr int64_t TB = tile_bytes(F);
+  const __m256i byte = _mm256_set1_epi32(0xFF);
+  for (int64_t b = 0; b < K / kQBlock; ++b) {
+    const uint8_t* quants = panel + b * TB + scale_bytes(F);
+    for (int64_t j = 0; j < kQuads; ++j)
+      for (int h = 0; h < 2; ++h) {
+        const __m256i quad = quad_of<F>(quants, j, h);  // lane c: column 8h + c, its byte i is k = 4j + i
+        for (int i = 0; i < 4; ++i) {
+          const __m256i q = _mm256_and_si256(_mm256_srli_epi32(quad, 8 * i), byte);
+          _mm256_storeu_ps(wf + (b * kQBlock + 4 * j + i) * kPanel + 8 * h, _mm256_cvtepi32_ps(q));
+        }
+      }
+  }
+}
+
+// rows [m0, m1) of the int16 inputs as floats in k order (the quad slots undone), by tiles of kRowTile
+// rows interleaved as kernels.h's interleave_rows lays them out; returns the tile count
+inline int64_t int16_rows_as_floats(const QActs16& a, int64_t K, int64_t m0, int64_t m1, std::vector<float>& xt) {
+  const int64_t tiles = (m1 - m0 + kRowTile - 1) / kRowTile;
+  xt.assign(tiles * K * kRowTile, 0.0f);
+  for (int64_t m = m0; m < m1; ++m) {
+    float* tile = xt.data() + (m - m0) / kRowTile * K * kRowTile + (m - m0) % kRowTile;
+    for (int64_t k = 0; k < K; ++k)
+      tile[k * kRowTile] = static_cast<float>(a.q[m * K + (k & ~int64_t{3}) + quad_slot<int16_t>(k & 3)]);
+  }
+  return tiles;
+}
+
+// R rows (from row m; their inputs at xt, interleaved) x one 4-bit panel of 16 columns (its quants as
+// floats at wf), stored to y: per block, the exact sums as fma chains, then dot_tile's combine
+template <int F, int R>
+void exact_tile(const QActs16& a, const float* xt, int64_t K, const uint8_t* panel, const float* wf, int64_t m,
+                float* y, int64_t N, int64_t cols) {
+  constexpr int64_t TB = tile_bytes(F);
+  const int64_t nb = K / kQBlock;
+  __m256 acc[R][2];  // the outputs so far (the compiler may keep them in memory: read once a block)
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256 sum[R][2];  // the block's exact sums
+    for (int r = 0; r < R; ++r) sum[r][0] = sum[r][1] = _mm256_setzero_ps();
+    const float* w = wf + b * kQBlock * kPanel;
+    const float* x = xt + b * kQBlock * kRowTile;
+    for (int64_t kk = 0; kk < kQBlock; ++kk) {
+      const __m256 w0 = _mm256_loadu_ps(w + kk * kPanel), w1 = _mm256_loadu_ps(w + kk * kPanel + 8);
+      for (int r = 0; r < R; ++r) {
+        const __m256 xb = _mm256_set1_ps(x[kk * kRowTile + r]);
+        sum[r][0] = _mm256_fmadd_ps(xb, w0, sum[r][0]);
+        sum[r][1] = _mm256_fmadd_ps(xb, w1, sum[r][1]);
+      }
+    }
+    const uint8_t* tile = panel + b * TB;
+    for (int r = 0; r < R; ++r) {
+      const float dx = a.d[(m + r) * nb + b];
+      const int32_t* s = a.s + ((m + r) * nb + b) * 2;
+      const int32_t xsum = s[0] + s[1];
+      for (int h = 0; h < 2; ++h) {
+        const __m256 scale = _mm256_mul_ps(scales_of<F>(tile, 0, h), _mm256_set1_ps(dx));
+        acc[r][h] = _mm256_fmadd_ps(scale, sum[r][h], acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(scales_of<F>(tile, 1, h), _mm256_set1_ps(dx * static_cast<float>(xsum)), acc[r][h]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) store_columns<Avx2Vec>(y + (m + r) * N, acc[r][0], acc[r][1], cols);
+}
+
+// qdot_panels_avx2 for 4-bit weights and int16 inputs at kFmaLeastRows rows or more: row blocks whose
+// inputs stay in cache while each panel's quants, as floats, serve all their tiles
+template <int F>
+void exact_panels(const QActs16& a, int64_t M, int64_t K, const uint8_t* packed, int64_t N, float* y,
+                  int64_t panel_begin, int64_t panel_end) {
+  const int64_t panel_bytes = K / kQBlock * tile_bytes(F);
+  thread_local std::vector<float> xt, wf;
+  wf.resize(K * kPanel);
+  for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
+    const int64_t m1 = std::min(M, m0 + kRowBlock);
+    const int64_t tiles = int16_rows_as_floats(a, K, m0, m1, xt);
+    for (int64_t p = panel_begin; p < panel_end; ++p) {
+      const uint8_t* panel = packed + p * panel_bytes;
+      panel_quants_as_floats<F>(panel, K, wf.data());
+      const int64_t cols = std::min(kPanel, N - p * kPanel);
+      for (int64_t t = 0; t < tiles; ++t) {
+        const int64_t m = m0 + t * kRowTile;
+        const float* x = xt.data() + t * K * kRowTile;
+        float* out = y + p * kPanel;
+        switch (std::min(kRowTile, m1 - m)) {
+          case 6: exact_tile<F, 6>(a, x, K, panel, wf.data(), m, out, N, cols); break;
+          case 5: exact_tile<F, 5>(a, x, K, panel, wf.data(), m, out, N, cols); break;
+          case 4: exact_tile<F, 4>(a, x, K, panel, wf.data(), m, out, N, cols); break;
+          case 3: exact_tile<F, 3>(a, x, K, panel, wf.data(), m, out, N, cols); break;
+          case 2: exact_tile<F, 2>(a, x, K, panel, wf.data(), m, out, N, cols); break;
+          default: exact_tile<F, 1>(a, x, K, panel, wf.data(), m, out, N, cols); break;
+        }
+      }
+    }
+  }
+}
+
 template <int F, class Q>
 void qdot_panels_avx2(const QActsOf<Q>& a, int64_t M, int64_t K, const uint8_t* packed, int64_t N, float* y,
                       int64_t panel_begin, int64_t panel_end) {
+  if constexpr (sizeof(Q) == 2 && (F == kQ4 || F == kQ4S)) {
+    if (M >= kFmaLeastRows) return exact_panels<F>(a, M, K, packed, N, y, panel_begin, panel_end);
+  }
   const int64_t panel_bytes = K / kQBlock * tile_bytes(F);
   for (int64_t p = panel_begin; p < panel_end; ++p) {
     const uint8_t* panel = packed + p * panel_bytes;

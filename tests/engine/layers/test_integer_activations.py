@@ -190,7 +190,8 @@ def test_zero_and_integer_inputs(mode: str):
 def test_largest_four_bit_sums_stay_exact(qtype: str, mode: str):
     """Every quant 15 against inputs at the limit: the largest integer sums a 4-bit block can form
     (AVX2 adds a block's int8 pair sums in 16 bits before widening: 8 * 2 * 15 * 127 = 30480 must not
-    wrap). Every build gives the generic bits, and the value is the exact one."""
+    wrap; from 32 rows on it forms int16 blocks' sums as float32 fma chains: 32 * 15 * 32767 must stay
+    below 2^24). At 3 rows and at 36, every build gives the generic bits, and the value is the exact one."""
     module = kernels.backend().module
     if module is None:
         pytest.skip("the C++ kernels are not built on this machine")
@@ -201,10 +202,12 @@ def test_largest_four_bit_sums_stay_exact(qtype: str, mode: str):
         raw[..., 2:4] = torch.tensor([0.0], dtype=torch.float16).view(torch.uint8)  # m = 0
     weight = QuantizedWeight(qtype, raw, (n, k))
     fmt, packed = pack_quantized(weight, mode)
-    x = torch.stack([torch.ones(k), -torch.ones(k), torch.where(torch.arange(k) % 2 == 0, 1.0, -1.0)])
-    expected = module.qlinear("generic", x, packed, fmt, n)
-    for isa in kernels.compiled_isas():
-        assert torch.equal(module.qlinear(isa, x, packed, fmt, n), expected), isa
+    rows = torch.stack([torch.ones(k), -torch.ones(k), torch.where(torch.arange(k) % 2 == 0, 1.0, -1.0)])
     level = 15 - (8 if qtype == "Q4_0" else 0)  # Q4_0 weighs q - 8
     exact = torch.tensor([level * k, -level * k, 0.0])
-    _close_to_reference(expected, exact[:, None].expand(3, n))
+    for copies in (1, 12):
+        x = rows.repeat(copies, 1)
+        expected = module.qlinear("generic", x, packed, fmt, n)
+        for isa in kernels.compiled_isas():
+            assert torch.equal(module.qlinear(isa, x, packed, fmt, n), expected), (isa, copies)
+        _close_to_reference(expected, exact.repeat(copies)[:, None].expand(3 * copies, n))
