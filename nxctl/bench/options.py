@@ -100,8 +100,25 @@ class BenchOptions:
             )  # checks the settings
         elif "cb_spec" in self.schedules:
             raise InvalidRequestError("the cb_spec schedule needs --speculative ngram|draft")
-        if self.url is not None and not self.url.startswith(("http://", "https://")):
-            raise InvalidRequestError(f"--url must start with http:// or https://, got {self.url!r}")
+        if self.url is not None:
+            if not self.url.startswith(("http://", "https://")):
+                raise InvalidRequestError(f"--url must start with http:// or https://, got {self.url!r}")
+            ours = self.in_process_settings()
+            if ours:
+                raise InvalidRequestError(
+                    f"--url measures a running seat over HTTP, which runs none of our schedules: drop {ours[0]}"
+                )
+
+    def in_process_settings(self) -> list[str]:
+        """The options given that only our in-process schedules read (a seat behind --url runs its own)."""
+        given = {
+            "--schedules": bool(self.schedules),
+            "--peer": bool(self.peers),
+            "--compare-dtype": self.compare_dtype is not None,
+            "--compare-activations": self.compare_activations is not None,
+            "--speculative": self.speculative is not None,
+        }
+        return [name for name, present in given.items() if present]
 
     @property
     def compare_schedule(self) -> str | None:

@@ -135,6 +135,10 @@ def test_one_request_and_no_json_writes_nothing(tmp_path: Path, monkeypatch: pyt
         (["--compare-activations", "float", "--compare-dtype", "bfloat16"], "choose one comparison"),
         (["--compare-activations", "float"], "holds no quantized weights"),  # tiny is float32
         (["--compare-activations", "float", "--quantize", "none"], "holds no quantized weights"),
+        (["--url", "http://127.0.0.1:9", "--compare-activations", "float"], "drop --compare-activations"),
+        (["--url", "http://127.0.0.1:9", "--compare-dtype", "bfloat16"], "drop --compare-dtype"),
+        (["--url", "http://127.0.0.1:9", "--schedules", "cb_invariant"], "drop --schedules"),
+        (["--url", "http://127.0.0.1:9", "--peer", "hf"], "drop --peer"),
     ],
 )
 def test_bad_input_is_one_clear_line(args: list[str], needle: str) -> None:
