@@ -155,19 +155,6 @@ void panel_quants_as_floats(const uint8_t* panel, int64_t K, float* wf) {
   }
 }
 
-// rows [m0, m1) of the int16 inputs as floats in k order (the quad slots undone), by tiles of kRowTile
-// rows interleaved as kernels.h's interleave_rows lays them out; returns the tile count
-inline int64_t int16_rows_as_floats(const QActs16& a, int64_t K, int64_t m0, int64_t m1, std::vector<float>& xt) {
-  const int64_t tiles = (m1 - m0 + kRowTile - 1) / kRowTile;
-  xt.assign(tiles * K * kRowTile, 0.0f);
-  for (int64_t m = m0; m < m1; ++m) {
-    float* tile = xt.data() + (m - m0) / kRowTile * K * kRowTile + (m - m0) % kRowTile;
-    for (int64_t k = 0; k < K; ++k)
-      tile[k * kRowTile] = static_cast<float>(a.q[m * K + (k & ~int64_t{3}) + quad_slot<int16_t>(k & 3)]);
-  }
-  return tiles;
-}
-
 // R rows (from row m; their inputs at xt, interleaved) x one 4-bit panel of 16 columns (its quants as
 // floats at wf), stored to y: per block, the exact sums as fma chains, then dot_tile's combine
 template <int F, int R>
@@ -215,7 +202,10 @@ void exact_panels(const QActs16& a, int64_t M, int64_t K, const uint8_t* packed,
   wf.resize(K * kPanel);
   for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
     const int64_t m1 = std::min(M, m0 + kRowBlock);
-    const int64_t tiles = int16_rows_as_floats(a, K, m0, m1, xt);
+    // the int16 inputs as floats in k order (the quad slots undone), interleaved as the float linears' rows
+    const int64_t tiles = interleave_rows_of(K, m0, m1, xt, [&a, K](int64_t m, int64_t k) {
+      return static_cast<float>(a.q[m * K + (k & ~int64_t{3}) + quad_slot<int16_t>(k & 3)]);
+    });
     for (int64_t p = panel_begin; p < panel_end; ++p) {
       const uint8_t* panel = packed + p * panel_bytes;
       panel_quants_as_floats<F>(panel, K, wf.data());

@@ -68,18 +68,24 @@ void store_columns(float* y, typename O::V a0, typename O::V a1, int64_t cols) {
   std::copy(tmp, tmp + cols, y);
 }
 
-// rows [m0, m1) of x [M, K] into xt by tiles of kRowTile rows, interleaved: tile t holds
-// xt[(t * K + k) * kRowTile + r] = x[m0 + t * kRowTile + r, k], zeros past m1. Returns the tile count.
-// static: each instruction set's file keeps its own copy (an inline one could be linked from the AVX2
-// file into the generic path).
-static inline int64_t interleave_rows(const float* x, int64_t K, int64_t m0, int64_t m1, std::vector<float>& xt) {
+// rows [m0, m1) of a K-wide input into xt by tiles of kRowTile rows, interleaved: tile t holds
+// xt[(t * K + k) * kRowTile + r] = value(m0 + t * kRowTile + r, k), zeros past m1. Returns the tile
+// count. static: each instruction set's file keeps its own copy (an inline one could be linked from
+// the AVX2 file into the generic path).
+template <class Value>
+static inline int64_t interleave_rows_of(int64_t K, int64_t m0, int64_t m1, std::vector<float>& xt, const Value& value) {
   const int64_t tiles = (m1 - m0 + kRowTile - 1) / kRowTile;
   xt.assign(tiles * K * kRowTile, 0.0f);
   for (int64_t m = m0; m < m1; ++m) {
     float* tile = xt.data() + (m - m0) / kRowTile * K * kRowTile + (m - m0) % kRowTile;
-    for (int64_t k = 0; k < K; ++k) tile[k * kRowTile] = x[m * K + k];
+    for (int64_t k = 0; k < K; ++k) tile[k * kRowTile] = value(m, k);
   }
   return tiles;
+}
+
+// interleave_rows_of over the rows of x [M, K] float32
+static inline int64_t interleave_rows(const float* x, int64_t K, int64_t m0, int64_t m1, std::vector<float>& xt) {
+  return interleave_rows_of(K, m0, m1, xt, [x, K](int64_t m, int64_t k) { return x[m * K + k]; });
 }
 
 // R rows (R <= kRowTile) x 16 columns. xt: the rows' inputs interleaved, xt[k * kRowTile + r].
