@@ -24,6 +24,7 @@ __all__ = [
     "ollama_store",
     "load_config",
     "load_model",
+    "load_tokenizer",
     "resolve_model",
 ]
 
@@ -49,6 +50,17 @@ def load_config(source: ModelSource | str | Path) -> ModelConfig:
     if src.kind == "gguf":
         return gguf_file.gguf_config(gguf_file.open_reader(src.path), src.name)
     return hf_folder.folder_config(src.path)
+
+
+def load_tokenizer(source: ModelSource | str | Path) -> tuple[ModelConfig, ChatTokenizer]:
+    """Read the model's configuration and tokenizer only (no tensor data is read)."""
+    src = source if isinstance(source, ModelSource) else resolve_model(source)
+    if src.kind == "gguf":
+        reader = gguf_file.open_reader(src.path)
+        config = gguf_file.gguf_config(reader, src.name)
+        return config, gguf_file.gguf_tokenizer(reader, config)
+    config = hf_folder.folder_config(src.path)
+    return config, hf_folder.folder_tokenizer(src.path, config)
 
 
 def load_model(source: ModelSource | str | Path) -> LoadedModel:

@@ -18,7 +18,7 @@ import torch
 
 from engine.config import EngineConfig, ModelConfig, dtype_name, parse_dtype, resolve_device
 from engine.errors import InvalidRequestError
-from engine.loader import LoadedModel, load_config, load_model, resolve_model
+from engine.loader import ChatTokenizer, LoadedModel, load_model, load_tokenizer, resolve_model
 from engine.models.held_weights import held_kv_dtype, holds_quantized, streamed_weight_bytes
 from engine.workload import WorkloadRequest, dataset_workload, make_workload
 from nxctl.bench import agreement
@@ -356,7 +356,7 @@ def run_bench(
             f"--compare-activations: {opts.model} holds no quantized weights under --quantize {opts.quantize}, "
             "so activations change nothing"
         )
-    requests = _workload(opts, loaded)
+    requests = _workload(opts, loaded.config, loaded.tokenizer)
     notify(f"bench: load {clock.lap('load'):.1f} s")
     device = resolve_device("auto")
     dtypes = {"float32", opts.dtype} | ({opts.compare_dtype} if opts.compare_dtype else set())
@@ -413,12 +413,11 @@ def run_bench(
     )
 
 
-def _workload(opts: BenchOptions, loaded: LoadedModel) -> list[WorkloadRequest]:
+def _workload(opts: BenchOptions, config: ModelConfig, tokenizer: ChatTokenizer) -> list[WorkloadRequest]:
     """The run's requests: random tokens, or a fixed dataset's prompts (--workload)."""
     if opts.dataset is None or opts.dataset == RANDOM:
-        config = loaded.config
         return make_workload(opts.workload, config.vocab_size, config.max_position_embeddings)
-    rows = read_dataset(dataset_path(opts.dataset), loaded.tokenizer)
+    rows = read_dataset(dataset_path(opts.dataset), tokenizer)
     return dataset_workload(rows, opts.workload)
 
 
@@ -437,9 +436,10 @@ class _Clock:
 
 
 def _run_remote(opts: BenchOptions, start_task: StartTask) -> BenchResult:
-    """The workload over HTTP; the model config (vocab, context) comes from --model, read cheaply."""
-    config: ModelConfig = load_config(resolve_model(opts.model))
-    requests = make_workload(opts.workload, config.vocab_size, config.max_position_embeddings)
+    """The workload over HTTP; the model config (vocab, context) and tokenizer (a --workload dataset's
+    prompts) come from --model, read cheaply (no weights)."""
+    config, tokenizer = load_tokenizer(resolve_model(opts.model))
+    requests = _workload(opts, config, tokenizer)
     concurrency = opts.concurrency or len(requests)
     runs: dict[str, list[dict[str, Any]]] = {"url": []}
     for rep in range(opts.repeat):

@@ -2,7 +2,8 @@
 
 Each request is sent at its scheduled arrival (at most ``concurrency`` in flight) as
 ``POST {url}/v1/completions`` with the prompt as a list of token ids, ``max_tokens``, ``temperature: 0``,
-``ignore_eos: true`` and ``stream: true`` with usage. Like ``vllm bench serve``: every data chunk that
+``ignore_eos`` as the workload sets it (true for random prompts; a ``--workload`` dataset's requests stop
+at EOS) and ``stream: true`` with usage. Like ``vllm bench serve``: every data chunk that
 carries ``choices`` is a streamed chunk (its arrival time gives TTFT and ITL), the usage chunk gives the
 output token count; TTFT and latency count from the scheduled arrival, not from the send.
 """
@@ -32,7 +33,7 @@ def completion_payload(model: str, req: WorkloadRequest) -> dict[str, object]:
         "prompt": list(req.prompt_token_ids),
         "max_tokens": req.output_len,
         "temperature": 0.0,
-        "ignore_eos": True,
+        "ignore_eos": req.params.ignore_eos,
         "stream": True,
         "stream_options": {"include_usage": True},
     }

@@ -18,6 +18,18 @@ PEER_OF = {schedule: peer for peer, schedules in PEER_SCHEDULES.items() for sche
 SCHEDULES = (*OURS[:-1], *PEER_OF, "single")  # in run order: single last, after every peer
 SEQUENTIAL_SUBSET = 8  # the sequential schedule runs the first 8 requests only
 SHORT_DTYPE = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+# options with a default that only our in-process runs read: refused under --url when given (see ``given``)
+IN_PROCESS_OPTIONS = (
+    "--dtype",
+    "--max-num-seqs",
+    "--threads",
+    "--quantize",
+    "--activations",
+    "--kv-cache-dtype",
+    "--num-speculative-tokens",
+    "--draft-model",
+    "--peers-dir",
+)
 
 
 @dataclass(frozen=True)
@@ -44,6 +56,9 @@ class BenchOptions:
     speculative: str | None = None  # cb_spec and the single request's speculative run (engine/spec)
     num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
     draft_model: str | None = None
+    # the options the command line gave (their flags), where a value alone cannot tell a default from a
+    # choice: the CLI fills it; ``in_process_settings`` reads it
+    given: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         kv_cache_dtype(
@@ -106,19 +121,24 @@ class BenchOptions:
             ours = self.in_process_settings()
             if ours:
                 raise InvalidRequestError(
-                    f"--url measures a running seat over HTTP, which runs none of our schedules: drop {ours[0]}"
+                    f"--url measures a running seat over HTTP, which runs its own engine settings and none of our "
+                    f"schedules: drop {ours[0]}"
                 )
+        elif self.concurrency is not None:
+            raise InvalidRequestError("--concurrency limits the requests in flight to a seat: it needs --url")
 
     def in_process_settings(self) -> list[str]:
-        """The options given that only our in-process schedules read (a seat behind --url runs its own)."""
-        given = {
+        """The options given that only our in-process schedules read (a seat behind --url runs its own
+        engine settings): those set to a value, and those with a default the command line named."""
+        present = {
             "--schedules": bool(self.schedules),
             "--peer": bool(self.peers),
             "--compare-dtype": self.compare_dtype is not None,
             "--compare-activations": self.compare_activations is not None,
             "--speculative": self.speculative is not None,
+            **{flag: flag in self.given for flag in IN_PROCESS_OPTIONS},
         }
-        return [name for name, present in given.items() if present]
+        return [name for name, named in present.items() if named]
 
     @property
     def compare_schedule(self) -> str | None:
@@ -153,6 +173,7 @@ class BenchOptions:
     def to_json(self) -> dict[str, object]:
         data = asdict(self)
         del data["peers_dir"]  # a path of this machine, not a setting of the run
+        del data["given"]  # how the options were given, not what they are
         spec = self.workload
         data["workload"] = asdict(spec) | {
             "input_len": str(spec.input_len),

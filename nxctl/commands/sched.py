@@ -18,7 +18,7 @@ from engine.mux.registry import DEFAULT_ACTIVATIONS
 from engine.spec.config import DEFAULT_SPECULATIVE_TOKENS
 from engine.workload import LengthRange, WorkloadSpec, parse_weights
 from nxctl.bench.bench_run import BenchResult, run_bench
-from nxctl.bench.options import SCHEDULES, BenchOptions
+from nxctl.bench.options import IN_PROCESS_OPTIONS, SCHEDULES, BenchOptions
 from nxctl.bench.report import footer, table, title
 from nxctl.bench.schedules import Advance
 from nxctl.bench.summary import write_json
@@ -68,8 +68,19 @@ def run_with_progress(opts: BenchOptions, console: Console) -> BenchResult:
         return run_bench(opts, start_task, progress.console.print)
 
 
+def command_line_flags(ctx: typer.Context, flags: tuple[str, ...]) -> frozenset[str]:
+    """Those of ``flags`` (each an option's long name, e.g. --max-num-seqs) given on the command line,
+    not left at their default or taken from the environment."""
+    sources = {flag: ctx.get_parameter_source(flag.lstrip("-").replace("-", "_")) for flag in flags}
+    # by name: typer carries its own copy of click's ParameterSource
+    return frozenset(
+        flag for flag, source in sources.items() if getattr(source, "name", None) == "COMMANDLINE"
+    )
+
+
 @app.command("bench")
 def bench(
+    ctx: typer.Context,
     model: Annotated[
         str, typer.Option(help="A named model (smollm2, tiny), a model folder or a .gguf file.")
     ] = "smollm2",
@@ -183,6 +194,7 @@ def bench(
             speculative=speculative,
             num_speculative_tokens=num_speculative_tokens,
             draft_model=draft_model,
+            given=command_line_flags(ctx, IN_PROCESS_OPTIONS),
         )
         result = run_with_progress(opts, Console(stderr=True))
     except NxError as exc:

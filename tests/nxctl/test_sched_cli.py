@@ -139,6 +139,14 @@ def test_one_request_and_no_json_writes_nothing(tmp_path: Path, monkeypatch: pyt
         (["--url", "http://127.0.0.1:9", "--compare-dtype", "bfloat16"], "drop --compare-dtype"),
         (["--url", "http://127.0.0.1:9", "--schedules", "cb_invariant"], "drop --schedules"),
         (["--url", "http://127.0.0.1:9", "--peer", "hf"], "drop --peer"),
+        # options with defaults are refused when named, even at their default value
+        (["--url", "http://127.0.0.1:9", "--activations", "mixed"], "drop --activations"),
+        (["--url", "http://127.0.0.1:9", "--max-num-seqs", "16"], "drop --max-num-seqs"),
+        (["--url", "http://127.0.0.1:9", "--quantize", "auto"], "drop --quantize"),
+        (["--url", "http://127.0.0.1:9", "--dtype", "float32"], "drop --dtype"),
+        (["--url", "http://127.0.0.1:9", "--kv-cache-dtype", "auto"], "drop --kv-cache-dtype"),
+        (["--url", "http://127.0.0.1:9", "--threads", "2"], "drop --threads"),
+        (["--concurrency", "2"], "needs --url"),
     ],
 )
 def test_bad_input_is_one_clear_line(args: list[str], needle: str) -> None:

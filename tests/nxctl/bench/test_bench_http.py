@@ -81,3 +81,22 @@ def test_cli_url_writes_the_same_metrics(seat_double, tmp_path: Path) -> None:
     ):
         assert figures[key] > 0
     assert figures["url.completed"] == 4
+
+
+def test_cli_url_sends_a_named_workload_and_takes_the_engine_settings_from_the_environment(
+    seat_double, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # --workload over --url: the dataset's prompts as tokenized by --model's tokenizer (read without
+    # weights); NXCTL_PEERS_DIR in the environment names no option, so --url still runs
+    from engine.loader import load_tokenizer
+    from nxctl.bench.datasets import dataset_path, read_dataset
+
+    monkeypatch.setenv("NXCTL_PEERS_DIR", str(tmp_path))
+    args = ["sched", "bench", "--model", "tiny", "--url", seat_double.url, "--workload", "grounded"]
+    result = runner.invoke(app, [*args, "--num-requests", "3", "--output-len", "2:3"])
+    assert result.exit_code == 0, result.output
+    _, tokenizer = load_tokenizer("tiny")
+    prompts = [prompt for prompt, _ in read_dataset(dataset_path("grounded"), tokenizer)]
+    sent = sorted(tuple(body["prompt"]) for body in seat_double.seen)
+    assert len(sent) == 3 and all(list(p) in prompts for p in sent)
+    assert all(body["ignore_eos"] is False for body in seat_double.seen)  # a dataset's replies end at EOS
