@@ -9,7 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.errors import NxError
+from engine.loader import load_tokenizer
 from engine.workload import WorkloadRequest
+from nxctl.bench.datasets import dataset_path, read_dataset
 from nxctl.bench.http_client import completion_payload, run_http
 from nxctl.cli import app
 
@@ -88,9 +90,6 @@ def test_cli_url_sends_a_named_workload_and_takes_the_engine_settings_from_the_e
 ) -> None:
     # --workload over --url: the dataset's prompts as tokenized by --model's tokenizer (read without
     # weights); NXCTL_PEERS_DIR in the environment names no option, so --url still runs
-    from engine.loader import load_tokenizer
-    from nxctl.bench.datasets import dataset_path, read_dataset
-
     monkeypatch.setenv("NXCTL_PEERS_DIR", str(tmp_path))
     args = ["sched", "bench", "--model", "tiny", "--url", seat_double.url, "--workload", "grounded"]
     result = runner.invoke(app, [*args, "--num-requests", "3", "--output-len", "2:3"])
