@@ -114,6 +114,10 @@ class FaultProxy:
             )
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             pass
+        except asyncio.CancelledError:
+            # only the proxy's own shutdown cancels a connection; a task that ends cancelled makes
+            # Python 3.11's stream callback log a traceback (task.exception() raises), so end quietly
+            pass
         finally:
             writer.close()
 

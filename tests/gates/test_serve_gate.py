@@ -4,9 +4,12 @@ checker it relies on really catches a corrupted chunk and a dropped request."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import socket
 from pathlib import Path
 
 import httpx
+import pytest
 
 from gates.fault_proxy import Corrupter, FaultProxy
 from gates.framework import read_tsv, run_gate_and_blinded
@@ -60,3 +63,19 @@ def test_the_checker_catches_both_faults_through_the_proxy(tmp_path: Path) -> No
             dropped = asyncio.run(one(proxy))
     assert corrupt.injected == 1 and compare({"k": solo}, [corrupted], ["k"])
     assert drop.injected == 1 and "no answer" in compare({"k": solo}, [dropped], ["k"])[0]
+
+
+def test_the_proxy_closes_quietly_with_a_connection_in_flight(caplog: pytest.LogCaptureFixture) -> None:
+    """Leaving the proxy while a connection is still open (an upstream that never answers) cancels that
+    connection's task: asyncio must report nothing (the gate's output carries no traceback)."""
+    upstream = socket.create_server(("127.0.0.1", 0))
+    port = upstream.getsockname()[1]
+    proxy = FaultProxy(port, "corrupt", nth=99)
+    with caplog.at_level(logging.ERROR, logger="asyncio"), proxy as url:
+        client = socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+        client.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        accepted, _ = upstream.accept()  # the proxy has connected upstream: the pipes are waiting
+    client.close()
+    accepted.close()
+    upstream.close()
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
