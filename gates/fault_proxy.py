@@ -91,9 +91,11 @@ class FaultProxy:
             self._loop.run_forever()
         finally:
             self._server.close()
-            for task in asyncio.all_tasks(self._loop):
+            tasks = asyncio.all_tasks(self._loop)
+            for task in tasks:
                 task.cancel()
-            self._loop.run_until_complete(asyncio.sleep(0))
+            # every cancelled connection runs to its end (its writer closed) before the loop closes
+            self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
             self._loop.close()
 
     def _count_fault(self) -> None:
@@ -112,11 +114,9 @@ class FaultProxy:
             await asyncio.gather(
                 self._pipe(reader, up_writer, None), self._pipe(up_reader, writer, corrupter)
             )
-        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-            pass
-        except asyncio.CancelledError:
-            # only the proxy's own shutdown cancels a connection; a task that ends cancelled makes
-            # Python 3.11's stream callback log a traceback (task.exception() raises), so end quietly
+        # CancelledError: only the proxy's own shutdown cancels a connection, and a task that ends
+        # cancelled makes Python 3.11's stream callback log a traceback (task.exception() raises)
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.CancelledError):
             pass
         finally:
             writer.close()
