@@ -6,12 +6,22 @@ project's .venv), not a home cache, so a clean clone really builds: ``make setup
 the AVX2 and AVX-512 code carries its own target attribute and is chosen at run time, the rest is portable.
 ``-ffp-contract=off`` keeps the compiler from fusing a multiply and an add in one code path and not in
 another: every fused multiply-add in the kernels is written out.
+
+One build at a time per directory: torch's loader marks a build with a ``lock`` file (its "baton") that
+a process killed mid-build leaves behind, and every later start would wait on it forever. So each load
+first takes ``build.lock``, an fcntl.flock that the kernel drops when its holder exits however it exits
+(a PID written in a file can be reused by an unrelated process, and checking it then deleting the file
+races with a second starter; a flock has neither problem). Holding it, a baton that is still there is
+stale: its owner is gone. ``build.lock`` holds the PID of its holder until it ends, for the notices.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
@@ -33,12 +43,55 @@ CFLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-std=c++17", "-fopenmp"
 LDFLAGS = ["-fopenmp"]
 MODULE_NAME = "nxctl_kernels"
 SOURCE_DIR = Path(__file__).parent / "csrc"
+LOCK_NAME = "build.lock"  # ours: flocked for the whole load, its holder's PID inside
+BATON_NAME = "lock"  # torch.utils.cpp_extension's: exists while a load runs (torch's FileBaton)
 
 
 def build_directory() -> Path:
     """Where the compiled module lives: NXCTL_KERNELS_DIR, else beside the running environment."""
     configured = os.environ.get("NXCTL_KERNELS_DIR")
     return Path(configured) if configured else Path(sys.prefix) / "nxctl-kernels"
+
+
+def _recorded_owner(fd: int) -> str:
+    """The PID written in the lock file ("" when none: no holder, or one that has not written it yet)."""
+    text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    return text if text.isdigit() else ""
+
+
+def _record_owner(fd: int, pid: int | None) -> None:
+    os.ftruncate(fd, 0)
+    if pid is not None:
+        os.pwrite(fd, f"{pid}\n".encode("ascii"), 0)
+
+
+@contextmanager
+def build_lock(directory: Path) -> Iterator[None]:
+    """Hold ``directory``'s build lock for the block: wait (one line on stderr) while another live process
+    holds it; once held, clear a baton that a dead build left (one line on stderr). Creates
+    ``directory/build.lock`` if missing; leaves it in place, empty, at the end."""
+    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = _recorded_owner(fd)
+            who = f"process {owner}" if owner else "another process"
+            print(f"nxctl: kernels: waiting for the kernel build of {who} ({directory})", file=sys.stderr)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        left_by = _recorded_owner(fd)  # set only if the last holder died holding the lock
+        baton = directory / BATON_NAME
+        if baton.exists():
+            baton.unlink(missing_ok=True)
+            who = f"process {left_by}" if left_by else "an interrupted build"
+            print(f"nxctl: kernels: cleared a stale build lock left by {who} ({baton})", file=sys.stderr)
+        _record_owner(fd, os.getpid())
+        try:
+            yield
+        finally:
+            _record_owner(fd, None)
+    finally:
+        os.close(fd)  # releases the flock
 
 
 def load(verbose: bool = False) -> ModuleType:
@@ -57,15 +110,16 @@ def load(verbose: bool = False) -> ModuleType:
     directory = build_directory()
     directory.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(directory))
-    return cpp_extension.load(
-        name=MODULE_NAME,
-        sources=[str(SOURCE_DIR / s) for s in SOURCES],
-        extra_cflags=CFLAGS,
-        extra_ldflags=LDFLAGS,
-        extra_include_paths=[str(SOURCE_DIR)],
-        build_directory=str(directory),
-        verbose=verbose,
-    )
+    with build_lock(directory):
+        return cpp_extension.load(
+            name=MODULE_NAME,
+            sources=[str(SOURCE_DIR / s) for s in SOURCES],
+            extra_cflags=CFLAGS,
+            extra_ldflags=LDFLAGS,
+            extra_include_paths=[str(SOURCE_DIR)],
+            build_directory=str(directory),
+            verbose=verbose,
+        )
 
 
 def main() -> int:
