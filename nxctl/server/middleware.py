@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import logging
 import re
@@ -44,19 +46,30 @@ def too_large(max_bytes: int) -> APIError:
     )
 
 
-async def discard_body(receive: Receive, budget: int) -> None:
-    """Read and drop the rest of the request body, at most ``budget`` more bytes.
+# Why a refused body is read before its 413 goes out: the 413 closes the connection (Connection: close),
+# and a socket closed with request bytes still unread, or still arriving, answers them with a reset. The
+# reset throws away the 413 at a client that writes its whole body before it reads (urllib.request and
+# most hand-written clients): it sees "connection reset". Reading the body to its end first, as nginx's
+# lingering close does, lets every client read the 413. The bounds keep a client from making the seat
+# read for nothing without end: at the default 8 MiB limit up to 128 MiB, for up to 5 s (a client that
+# stops sending gets its 413 then). A body still arriving past either bound is cut off: its client may
+# see a reset instead of the 413.
+DRAIN_LIMITS = 16  # read at most this many times the limit of a refused body, in all
+DRAIN_S = 5.0  # for at most this many seconds
 
-    A client sends its whole body before it reads the answer; a server that answers and closes while
-    the client still sends resets the connection, and the client sees "connection reset", not the 413.
-    Draining first lets it read the 413; the budget bounds what a client can make the seat read."""
-    while budget > 0:
-        message = await receive()
-        if message["type"] != "http.request":
-            return
-        budget -= len(message.get("body", b""))
-        if not message.get("more_body", False):
-            return
+
+async def discard_body(receive: Receive, budget: int, seconds: float = DRAIN_S) -> None:
+    """Read and drop the rest of the request body: at most ``budget`` more bytes, for at most ``seconds``
+    (see DRAIN_LIMITS for why)."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            while budget > 0:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return
+                budget -= len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return
 
 
 async def _reject(scope: Scope, receive: Receive, send: Send, err: APIError) -> None:
@@ -125,12 +138,14 @@ class ApiKey:
 class BodyLimit:
     """Refuses bodies over ``max_bytes`` with 413: by Content-Length up front, or while reading.
 
-    Either way the rest of the body is read and dropped, up to twice the limit in all, before the 413
-    goes out (then the connection closes), so that clients read the 413 instead of a reset connection.
-    A client that sent ``Expect: 100-continue`` gets the 413 at once: it has not sent its body."""
+    Either way the rest of the body is read and dropped, up to DRAIN_LIMITS times the limit in all and
+    for up to ``drain_s`` seconds, before the 413 goes out (then the connection closes), so that clients
+    read the 413 instead of a reset connection (see DRAIN_LIMITS). A client that sent
+    ``Expect: 100-continue`` gets the 413 at once: it has not sent its body."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: ASGIApp, max_bytes: int, drain_s: float = DRAIN_S) -> None:
+        self.app, self.max_bytes, self.drain_s = app, max_bytes, drain_s
+        self.drain_bytes = DRAIN_LIMITS * max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """413 for a declared length over the limit; else run the app with a counting ``receive``."""
@@ -141,7 +156,7 @@ class BodyLimit:
         length = headers.get(b"content-length", b"").decode("latin-1")
         if length.isdigit() and int(length) > self.max_bytes:
             if headers.get(b"expect", b"").lower() != b"100-continue":
-                await discard_body(receive, 2 * self.max_bytes)
+                await discard_body(receive, self.drain_bytes, self.drain_s)
             await _reject(scope, receive, send, too_large(self.max_bytes))
             return
         await self.app(scope, self._counted(receive), send)
@@ -157,7 +172,7 @@ class BodyLimit:
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
                     if message.get("more_body", False):
-                        await discard_body(receive, 2 * self.max_bytes - seen)
+                        await discard_body(receive, self.drain_bytes - seen, self.drain_s)
                     raise BodyTooLarge(too_large(self.max_bytes))
             return message
 
