@@ -14,6 +14,7 @@ import llguidance
 from llguidance.gbnf_to_lark import any_to_lark
 
 from engine.errors import InvalidRequestError
+from engine.structured.closed_schema import closed_schema
 from engine.structured.grammar import JSON_LAYOUT, Grammar
 from engine.structured.matcher import GrammarMatcher
 from engine.structured.reasoning import CLOSE, OPEN
@@ -31,9 +32,11 @@ def _one_line(message: str, limit: int = 400) -> str:
 
 
 def _llguidance_text(grammar: Grammar) -> str:
-    """The grammar in llguidance's own serialised form (not yet checked)."""
+    """The grammar in llguidance's own serialised form (not yet checked). A JSON schema's objects take
+    only the keys they list unless they say otherwise (engine/structured/closed_schema.py)."""
     if grammar.kind == "json_schema":
-        return llguidance.LLMatcher.grammar_from_json_schema(grammar.source, defaults=JSON_LAYOUT)  # type: ignore[arg-type]
+        schema = json.dumps(closed_schema(json.loads(grammar.source)))
+        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)  # type: ignore[arg-type]
     if grammar.kind == "regex":
         return llguidance.LLMatcher.grammar_from_regex(grammar.source)
     if grammar.kind == "thinking":

@@ -34,7 +34,10 @@ class Grammar:
 
     @classmethod
     def json_schema(cls, schema: dict[str, Any] | str | bool) -> Grammar:
-        """Output that validates against ``schema`` (a dict, or its JSON text)."""
+        """Output that validates against ``schema`` (a dict, or its JSON text). As llama.cpp (hence
+        Ollama) and vLLM read schemas, an object that lists its ``properties`` and does not say
+        ``additionalProperties`` takes no other key (``additionalProperties: true`` or a schema for
+        them lets other keys in); engine/structured/closed_schema.py."""
         if isinstance(schema, str):
             try:
                 schema = json.loads(schema)

@@ -19,6 +19,7 @@ from typing import Any
 
 from engine.errors import InvalidRequestError
 from engine.held_text import held_back
+from engine.structured.closed_schema import closed_schema
 from engine.structured.grammar import JSON_LAYOUT, Grammar
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -100,18 +101,21 @@ def _lark_string(text: str) -> str:
 
 
 def _call_schema(tool: Tool, fmt: ToolFormat) -> dict[str, Any]:
-    """The JSON of one call of ``tool``: its name, and arguments under the tool's schema. The
-    schema's definitions move up to the call's root, where its ``#/$defs/...`` references look."""
+    """The JSON of one call of ``tool``: its name, and arguments under the tool's schema (its objects
+    closed as a ``json_schema`` grammar's are). The schema's definitions move up to the call's root,
+    where its ``#/$defs/...`` references look."""
     parameters = dict(tool.parameters)
     definitions: dict[str, Any] = {k: parameters.pop(k) for k in ("$defs", "definitions") if k in parameters}
-    return {
-        "type": "object",
-        "properties": {"name": {"const": tool.name}, fmt.arguments_key: parameters},
-        "required": ["name", fmt.arguments_key],
-        "additionalProperties": False,
-        "x-guidance": JSON_LAYOUT,
-        **definitions,
-    }
+    return closed_schema(
+        {
+            "type": "object",
+            "properties": {"name": {"const": tool.name}, fmt.arguments_key: parameters},
+            "required": ["name", fmt.arguments_key],
+            "additionalProperties": False,
+            "x-guidance": JSON_LAYOUT,
+            **definitions,
+        }
+    )
 
 
 def tool_grammar(
@@ -140,7 +144,8 @@ def tool_grammar(
         start = "start: calls"
     elif answer_schema is not None:
         start = "start: answer | calls"
-        lines.append(f"answer: %json {json.dumps({**answer_schema, 'x-guidance': JSON_LAYOUT})}")
+        answer = closed_schema({**answer_schema, "x-guidance": JSON_LAYOUT})
+        lines.append(f"answer: %json {json.dumps(answer)}")
     else:
         # free text, which must not begin as a call does (so a call is always one, whole and valid)
         first = fmt.open[:1] or "{"
