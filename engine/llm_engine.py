@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import random
 import time
 import uuid
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from concurrent.futures import Future
 from types import MappingProxyType
@@ -31,8 +33,12 @@ from engine.sequence import Sequence, Status
 from engine.snapshot import EngineCounters, EngineSnapshot, RequestView
 from engine.spec.adaptive import SpecBackoff
 from engine.spec.proposers import Proposer, make_proposer
-from engine.spec.verifier import VerifyFaults, verify_run
+from engine.spec.verifier import Verify, VerifyFaults, verify_run, verify_run_with_faults
 from engine.structured import GrammarCompiler, GrammarMatcher, MaskWorker, TokenMask
+
+# adds a sampled token (or the sampler's error) to its request: Engine._append_token, or under a fault hook
+# a wrapper that fails named requests first
+Append = Callable[[Sequence, Sample | Exception, float], None]
 
 
 def rows_of(sampled: list[tuple[Sequence, int]]) -> list[int]:
@@ -83,7 +89,7 @@ class Engine:
         self._masks = MaskWorker()
         self._spec = config.spec
         self._proposer: Proposer | None = make_proposer(self._spec, loaded, config)
-        self._verify_faults = VerifyFaults()
+        self._verify_faults: VerifyFaults | None = None  # the verifier's deliberate bugs (engine/testing.py)
 
     @property
     def capacity_tokens(self) -> int:
@@ -203,6 +209,39 @@ class Engine:
 
     def step(self) -> list[RequestOutput]:
         """Run one batched forward over the scheduled requests; return outputs of those that advanced."""
+        if self._faults.active or self._verify_faults is not None:  # a step's one look at the fault hooks
+            return self._step_under_faults()
+        return self._step(self._append_token, verify_run)
+
+    def _step_under_faults(self) -> list[RequestOutput]:
+        """``step()`` with the switched-on hooks of engine/testing.py applied (the slow path, taken only
+        while one is on): named requests fail when they sample, constrained requests run as if they had no
+        grammar (their matchers set aside for the step), the verifier runs with its deliberate bugs."""
+        faults, verify_faults = self._faults, self._verify_faults
+
+        def append(seq: Sequence, choice: Sample | Exception, now: float) -> None:
+            if seq.request_id in faults.fail_requests:
+                raise RuntimeError("injected failure")
+            self._append_token(seq, choice, now)
+
+        verify: Verify = verify_run
+        if verify_faults is not None:
+            verify = functools.partial(verify_run_with_faults, faults=verify_faults)
+        unmasked = (
+            [s for s in self._requests.values() if s.matcher is not None] if faults.grammar_mask_off else []
+        )
+        matchers = [s.matcher for s in unmasked]
+        for seq in unmasked:
+            seq.matcher = None
+        try:
+            return self._step(append, verify)
+        finally:
+            for seq, matcher in zip(unmasked, matchers, strict=True):
+                seq.matcher = matcher
+
+    def _step(self, append: Append, verify: Verify) -> list[RequestOutput]:
+        """``step()`` itself; ``append`` adds a sampled token to its request, ``verify`` walks a
+        speculating request's rows (``verify_run``, or its faulty twin under a fault hook)."""
         self._propose()
         out = self._scheduler.schedule()
         self._forget_drafts(out.preempted)
@@ -231,7 +270,7 @@ class Engine:
         for item, row in zip(out.scheduled, rows, strict=True):
             seq = item.seq
             if seq.draft_token_ids and row is not None:
-                results.append(self._verify(seq, logits, row, now))
+                results.append(self._verify(seq, logits, row, now, append, verify))
                 continue
             seq.num_computed_tokens += item.num_new_tokens
             self._scheduler.register_computed(seq)
@@ -239,7 +278,7 @@ class Engine:
             if row is None:
                 continue
             try:
-                self._append_token(seq, choices[row], now)
+                append(seq, choices[row], now)
             except Exception as exc:  # noqa: BLE001 - one request's failure must not take down the batch
                 seq.error = f"{type(exc).__name__}: {exc}"
                 self._finish(seq, "error")
@@ -270,7 +309,7 @@ class Engine:
                 wanted.append((seq, n))
         if wanted:
             for (seq, n), proposal in zip(wanted, self._proposer.propose(wanted), strict=True):
-                if seq.matcher is not None and not self._faults.grammar_mask_off:
+                if seq.matcher is not None:
                     allowed = proposal[: seq.matcher.allowed_prefix(proposal[:n])]
                     if proposal and not allowed:  # nothing to verify: the proposer drops what it drafted
                         self._proposer.verified(seq)
@@ -282,7 +321,9 @@ class Engine:
             for seq in seqs:
                 self._proposer.forget(seq)
 
-    def _verify(self, seq: Sequence, logits: torch.Tensor, row: int, now: float) -> RequestOutput:
+    def _verify(
+        self, seq: Sequence, logits: torch.Tensor, row: int, now: float, append: Append, verify: Verify
+    ) -> RequestOutput:
         """Verify a speculating request's step (engine/spec/verifier.py): rows ``row - k .. row`` of
         ``logits`` follow its last token and its k proposals. Emits the tokens the plain path would
         (mutates), keeps the K/V of the rows that hold real tokens and gives back the rest."""
@@ -301,11 +342,11 @@ class Engine:
             return choice
 
         def emit(choice: Sample) -> bool:
-            self._append_token(seq, choice, now)
+            append(seq, choice, now)
             return seq.finished
 
         try:
-            verdict = verify_run(proposals, sample_row, emit, self._verify_faults)
+            verdict = verify(proposals, sample_row, emit)
         except Exception as exc:  # noqa: BLE001 - one request's failure must not take down the batch
             seq.error = f"{type(exc).__name__}: {exc}"
             self._finish(seq, "error")
@@ -324,8 +365,6 @@ class Engine:
     def _constrained_samplers(self, out: SchedulerOutput) -> list[tuple[Sequence, GrammarMatcher]]:
         """The step's requests that have a grammar and sample one token at its end (a verifying
         request's rows are masked one at a time, in ``_verify``)."""
-        if self._faults.grammar_mask_off:
-            return []
         return [
             (s.seq, s.seq.matcher)
             for s in out.scheduled
@@ -336,7 +375,7 @@ class Engine:
 
     def _row_mask(self, seq: Sequence) -> TokenMask | None:
         """A verifying request's mask for its next row, from its grammar's state now (None: no grammar)."""
-        if seq.matcher is None or self._faults.grammar_mask_off:
+        if seq.matcher is None:
             return None
         began = time.perf_counter()
         mask = TokenMask(seq.matcher.mask(), seq.matcher.vocab_size)
@@ -383,8 +422,6 @@ class Engine:
                 st.chunked_prompts += item.num_new_tokens < seq.num_uncomputed
 
     def _append_token(self, seq: Sequence, choice: Sample | Exception, now: float) -> None:
-        if seq.request_id in self._faults.fail_requests:
-            raise RuntimeError("injected failure")
         if isinstance(choice, Exception):
             raise choice
         seq.output_token_ids.append(choice.token_id)
@@ -410,7 +447,7 @@ class Engine:
 
     def _advance_grammar(self, seq: Sequence, token_id: int) -> bool:
         """Feed the token to the request's grammar; True when the grammar is now complete."""
-        if seq.matcher is None or self._faults.grammar_mask_off:
+        if seq.matcher is None:
             return False
         if not seq.matcher.advance(token_id):
             raise RuntimeError(f"the grammar refused token {token_id}: {seq.matcher.error}")

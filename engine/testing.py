@@ -113,7 +113,7 @@ def _verifier_fault(engine: Engine, **fault: bool) -> Iterator[None]:
     try:
         yield
     finally:
-        engine._verify_faults = VerifyFaults()
+        engine._verify_faults = None
 
 
 def spec_accept_wrong(engine: Engine) -> AbstractContextManager[None]:

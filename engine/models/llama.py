@@ -68,6 +68,17 @@ class Faults:
     fail_requests: set[str] = field(default_factory=set)
     grammar_mask_off: bool = False  # constrained requests sample as if they had no grammar
 
+    @property
+    def active(self) -> bool:
+        """Whether any switch is on. The engine asks once per step and looks at the switches only then
+        (its slow path), so hooks that are off cost nothing per token or per request."""
+        return (
+            self.batch_dependent_matmul
+            or self.batch_dependent_norm
+            or self.grammar_mask_off
+            or bool(self.fail_requests)
+        )
+
 
 class PagedLlama:
     """Weights held once, in the engine's dtype; K/V live in the shared KVCache.

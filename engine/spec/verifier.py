@@ -32,11 +32,14 @@ class VerifyResult:
     valid_rows: int  # rows whose K/V holds the request's real tokens (the KV to keep)
 
 
+# how the engine calls the verifier: verify_run, or verify_run_with_faults bound to its faults
+Verify = Callable[[list[int], Callable[[int], Sample], Callable[[Sample], bool]], VerifyResult]
+
+
 def verify_run(
     proposals: list[int],
     sample_row: Callable[[int], Sample],
     emit: Callable[[Sample], bool],
-    faults: VerifyFaults = VerifyFaults(),
 ) -> VerifyResult:
     """Walk rows 0..k (k = len(proposals)): ``sample_row(i)`` draws row i's token with the request's
     current history, ``emit(sample)`` appends it and says whether the request finished. Before row i is
@@ -44,14 +47,40 @@ def verify_run(
     k = len(proposals)
     for i in range(k + 1):
         choice = sample_row(i)
-        if i < k and choice.token_id != proposals[i] and faults.accept_wrong:
-            choice = Sample(proposals[i], choice.logprob, choice.top)
         finished = emit(choice)
         accepted = i < k and choice.token_id == proposals[i]
         if finished or not accepted:
-            if not finished and i < k and faults.keep_rejected_kv:
-                # the bug: row i + 1 (computed after the rejected proposal) counted as the emitted token's
-                emit(sample_row(i + 1))
-                return VerifyResult(i, i + 2)
             return VerifyResult(i + accepted, i + 1)
     raise AssertionError("unreachable: row k ends every run")
+
+
+def verify_run_with_faults(
+    proposals: list[int],
+    sample_row: Callable[[int], Sample],
+    emit: Callable[[Sample], bool],
+    faults: VerifyFaults,
+) -> VerifyResult:
+    """``verify_run`` with the deliberate bugs ``faults`` switches on (the engine calls it only while a
+    fault hook is on, so the plain verifier never looks at them)."""
+    k = len(proposals)
+
+    def draw(i: int) -> Sample:
+        choice = sample_row(i)
+        if faults.accept_wrong and i < k and choice.token_id != proposals[i]:
+            return Sample(proposals[i], choice.logprob, choice.top)  # the bug: a differing draw accepted
+        return choice
+
+    finished = False
+
+    def emit_seen(choice: Sample) -> bool:
+        nonlocal finished
+        finished = emit(choice)
+        return finished
+
+    verdict = verify_run(proposals, draw, emit_seen)
+    last = verdict.valid_rows - 1  # the last row sampled
+    if faults.keep_rejected_kv and not finished and last < k and verdict.accepted == last:
+        # the bug: row last + 1 (computed after the rejected proposal) counted as the emitted token's
+        emit(sample_row(last + 1))
+        return VerifyResult(last, last + 2)
+    return verdict

@@ -14,7 +14,7 @@ from engine.llm_engine import LLM
 from engine.sampling_params import SamplingParams
 from engine.spec.adaptive import SpecBackoff
 from engine.spec.ngram import propose_ngram
-from engine.spec.verifier import VerifyFaults, verify_run
+from engine.spec.verifier import VerifyFaults, verify_run, verify_run_with_faults
 from gates.runs import run_together
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
@@ -60,7 +60,10 @@ def _run(draws: list[int], proposals: list[int], finish_at: int | None = None, *
         emitted.append(choice.token_id)
         return finish_at is not None and len(emitted) == finish_at
 
-    verdict = verify_run(proposals, sample_row, emit, VerifyFaults(**faults))
+    if faults:
+        verdict = verify_run_with_faults(proposals, sample_row, emit, VerifyFaults(**faults))
+    else:
+        verdict = verify_run(proposals, sample_row, emit)
     return verdict, emitted, sampled
 
 
