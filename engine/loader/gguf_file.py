@@ -16,6 +16,7 @@ Phi-3: attn_qkv and ffn_up hold fused q|k|v and gate|up, longrope factors in rop
 from __future__ import annotations
 
 import mmap
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, SupportsFloat, SupportsInt, cast
@@ -111,6 +112,23 @@ def _as_float(value: object) -> float:
     if isinstance(value, (str, SupportsFloat)):
         return float(value)
     raise TypeError(f"float() argument must be a string or a real number, not '{type(value).__name__}'")
+
+
+def file_type(reader: gguf.GGUFReader) -> str:
+    """The file's type as llama.cpp and Ollama name it ("Q4_1", "Q4_K_M", "F16", "F32"): its
+    ``general.file_type``, or where the file lacks one (or says GUESSED) the type of most of its matrices'
+    elements (a K-quant mix then reads "Q4_K", its _S/_M/_L unknown); "unknown" for a file of no matrix."""
+    try:
+        kind = gguf.LlamaFileType(_as_int(_field(reader, "general.file_type")))
+    except (TypeError, ValueError):
+        kind = gguf.LlamaFileType.GUESSED
+    if kind != gguf.LlamaFileType.GUESSED:
+        return kind.name.split("_", 1)[1]  # ALL_F32 -> F32, MOSTLY_Q4_K_M -> Q4_K_M
+    elements: Counter[str] = Counter()
+    for t in reader.tensors:
+        if len(t.shape) > 1:
+            elements[t.tensor_type.name] += int(t.n_elements)
+    return elements.most_common(1)[0][0] if elements else "unknown"
 
 
 def gguf_config(reader: gguf.GGUFReader, name: str) -> ModelConfig:

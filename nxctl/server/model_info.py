@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import ModelConfig
-from engine.loader import load_config, resolve_model
+from engine.loader import ModelSource, gguf_file, load_config, resolve_model
 from engine.mux.registry import ModelSpec
 
-_QUANT = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+_FLOAT_LEVELS = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class ModelInfo:
     kind: str
     file_bytes: int
     modified: float
-    dtype: str
+    quantization_level: str  # Ollama's: a GGUF's file type (Q4_1, Q4_K_M, F16 ...), else the dtype held
 
     @property
     def digest(self) -> str:
@@ -48,7 +48,7 @@ class ModelInfo:
             "family": self.config.architecture,
             "families": [self.config.architecture],
             "parameter_size": size,
-            "quantization_level": _QUANT.get(self.dtype, self.dtype),
+            "quantization_level": self.quantization_level,
         }
 
     def model_info(self) -> dict[str, Any]:
@@ -76,21 +76,31 @@ def model_info(spec: ModelSpec) -> ModelInfo:
     source = resolve_model(spec.source or spec.name)
     files = [source.path] if source.path.is_file() else [p for p in source.path.iterdir() if p.is_file()]
     stats = [p.stat() for p in files]
+    config, level = _config_and_level(source, spec.dtype)
     return ModelInfo(
         name=spec.name,
-        config=load_config(source),
+        config=config,
         path=source.path,
         kind=source.kind,
         file_bytes=sum(s.st_size for s in stats),
         modified=max((s.st_mtime for s in stats), default=0.0),
-        dtype=spec.dtype,
+        quantization_level=level,
     )
+
+
+def _config_and_level(source: ModelSource, dtype: str) -> tuple[ModelConfig, str]:
+    """The model's config and its quantization level as Ollama reports it: a GGUF's file type (read
+    from the header the config comes from), else the float dtype its weights are held in."""
+    if source.kind == "gguf":
+        reader = gguf_file.open_reader(source.path)
+        return gguf_file.gguf_config(reader, source.name), gguf_file.file_type(reader)
+    return load_config(source), _FLOAT_LEVELS.get(dtype, dtype)
 
 
 @lru_cache(maxsize=16)
 def chat_template(spec: ModelSpec) -> str:
     """The model's chat template, reading only its tokenizer (no weights)."""
-    from engine.loader import gguf_file, hf_folder
+    from engine.loader import hf_folder
 
     source = resolve_model(spec.source or spec.name)
     config = load_config(source)

@@ -1,4 +1,5 @@
-"""One targeted check on the real model: both official clients get "Paris", greedy."""
+"""One targeted check on the real model: both official clients get "Paris", greedy; Ollama's client
+sees the file's quantization level."""
 
 from __future__ import annotations
 
@@ -27,9 +28,12 @@ def test_both_clients_hear_paris_from_smollm2(tmp_path: Path) -> None:
             model="smollm2", messages=QUESTION, max_tokens=24, temperature=0, stream=True
         )
         text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
-        ol = ollama.Client(host=url).chat(
-            model="smollm2", messages=QUESTION, options={"temperature": 0, "num_predict": 24}
-        )
+        ol_client = ollama.Client(host=url)
+        ol = ol_client.chat(model="smollm2", messages=QUESTION, options={"temperature": 0, "num_predict": 24})
+        shown, running = ol_client.show("smollm2"), ol_client.ps().models
     assert "Paris" in answer.choices[0].message.content
     assert text == answer.choices[0].message.content
     assert "Paris" in ol.message.content
+    # the file's type, as Ollama reports it (the file is Q4_1, its embedding Q8_0), not the dtype computed in
+    assert shown.details is not None and shown.details.quantization_level == "Q4_1"
+    assert [m.details.quantization_level for m in running if m.details is not None] == ["Q4_1"]
