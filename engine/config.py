@@ -7,16 +7,12 @@ from dataclasses import dataclass
 import torch
 
 from engine.errors import InvalidRequestError, UnsupportedModelError
-from engine.mux.registry import ACTIVATION_MODES, DEFAULT_ACTIVATIONS, KV_CACHE_DTYPES, QUANTIZE_MODES
-from engine.spec.config import DEFAULT_SPECULATIVE_TOKENS, SpecConfig
+from engine.settings import DTYPE_NAMES, EngineSettings, check_kv_cache_dtype, check_positive
+from engine.spec.config import SpecConfig
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3")
 ROPE_SCALINGS = ("linear", "llama3", "divisors", "longrope", "yarn")
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
+DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 @dataclass(frozen=True)
@@ -198,21 +194,13 @@ def kv_cache_dtype(setting: str, dtype: torch.dtype, holds_quantized: bool) -> t
     "auto": float16 where a float32 model holds quantized weights on the CPU kernels (``holds_quantized``:
     that path is already a hair off the float path, and a float16 cache halves the bytes each decode row's
     attention streams, as llama.cpp's and Ollama's default cache does), else ``dtype``: the float path
-    stays exact. A named dtype must be ``dtype`` or, under a float32 model, float16 (the kernels read a
-    float16 cache widened to float32, exactly; values are stored rounded to nearest, ties to even).
+    stays exact. A named dtype pairs as engine/settings.py check_kv_cache_dtype says (values are stored
+    rounded to nearest, ties to even).
     """
-    if setting not in KV_CACHE_DTYPES:
-        raise InvalidRequestError(
-            f"unsupported kv_cache_dtype {setting!r}; choose one of {', '.join(KV_CACHE_DTYPES)}"
-        )
+    check_kv_cache_dtype(setting, dtype_name(dtype))
     if setting == "auto":
         return torch.float16 if holds_quantized and dtype == torch.float32 else dtype
-    chosen = parse_dtype(setting)
-    if chosen != dtype and not (chosen == torch.float16 and dtype == torch.float32):
-        raise InvalidRequestError(
-            f"kv_cache_dtype {setting} needs a {setting} model (or float16 under float32), not {dtype_name(dtype)}"
-        )
-    return chosen
+    return parse_dtype(setting)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -234,65 +222,27 @@ def resolve_device(device: str) -> torch.device:
 
 
 @dataclass(frozen=True)
-class EngineConfig:
-    """Engine settings. The KV pool (num_kv_blocks x block_size tokens) is allocated up front.
+class EngineConfig(EngineSettings):
+    """Engine settings: the per-model ones (``EngineSettings``, engine/settings.py: dtype, quantize,
+    activations, KV cache dtype and pool, speculation) and the engine's own: ``device`` ("auto": CUDA when
+    present), ``threads`` (torch's, None: as set), ``batch_invariant`` (each request's bits equal its solo
+    run's), ``max_num_seqs`` (requests per step), ``max_num_batched_tokens`` (rows per step),
+    ``prefill_chunk`` (a multiple of ``block_size``), ``enable_prefix_caching`` and ``spec_max_batch``
+    (speculation pauses while more requests than this decode)."""
 
-    ``quantize``: "auto" keeps a file's quantized weights quantized (GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K) and float
-    weights in ``dtype``; "none" dequantizes everything to ``dtype``; "int8" also quantizes float linear
-    weights to Q8_0 (int8 per 32 inputs, one scale each). Quantized weights run on the CPU kernels; on
-    another device they are dequantized.
-
-    ``activations``: what a quantized weight's linear multiplies on the CPU kernels: "mixed" (the
-    default: "int16", except the o, gate_up and down inputs of a prompt's context rows, its tokens
-    before the last, which only write K/V: those take int8; prompts run faster; teacher-forced top-1
-    agreement with the float path 0.997-0.998 on smollm2), "int16" (inputs quantized per 32 to int16,
-    exact integer dot products; outputs a hair off the float path's, agreement >= 0.999), "float" (the
-    float32 inputs: outputs equal to the float path over the dequantized weight, bit for bit; slower)
-    or "int8" (llama.cpp's route: the fastest, agreement 0.97-0.99). Invariant in every mode.
-
-    ``kv_cache_dtype``: what the KV pool holds (see ``kv_cache_dtype()``): "auto" (float16 under quantized
-    weights on the CPU kernels, else ``dtype``), or a dtype by name.
-    """
-
-    dtype: str = "float32"
-    quantize: str = "auto"
-    activations: str = DEFAULT_ACTIVATIONS
-    kv_cache_dtype: str = "auto"
     device: str = "auto"
     threads: int | None = None
     batch_invariant: bool = True
-    block_size: int = 16
-    num_kv_blocks: int = 1024
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 512
     prefill_chunk: int = 256
     enable_prefix_caching: bool = True
-    speculative: str | None = None  # "ngram" | "draft" (engine/spec); None: off
-    num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
-    draft_model: str | None = None
     spec_max_batch: int = 4
 
     def __post_init__(self) -> None:
-        parse_dtype(self.dtype)
-        if self.quantize not in QUANTIZE_MODES:
-            raise InvalidRequestError(
-                f"unsupported quantize mode {self.quantize!r}; choose one of {', '.join(QUANTIZE_MODES)}"
-            )
-        if self.activations not in ACTIVATION_MODES:
-            raise InvalidRequestError(
-                f"unsupported activations {self.activations!r}; choose one of {', '.join(ACTIVATION_MODES)}"
-            )
-        kv_cache_dtype(self.kv_cache_dtype, self.torch_dtype, holds_quantized=False)  # checks the pairing
-        checks = {
-            "block_size": self.block_size,
-            "num_kv_blocks": self.num_kv_blocks,
-            "max_num_seqs": self.max_num_seqs,
-            "max_num_batched_tokens": self.max_num_batched_tokens,
-            "prefill_chunk": self.prefill_chunk,
-        }
-        for key, value in checks.items():
-            if not isinstance(value, int) or value < 1:
-                raise InvalidRequestError(f"{key} must be a positive integer, got {value!r}")
+        super().__post_init__()
+        for key in ("max_num_seqs", "max_num_batched_tokens", "prefill_chunk"):
+            check_positive(key, getattr(self, key))
         if self.threads is not None and self.threads < 1:
             raise InvalidRequestError(f"threads must be >= 1, got {self.threads}")
         if self.prefill_chunk % self.block_size:

@@ -30,11 +30,12 @@ from pathlib import Path
 import torch
 
 from engine import kernels, testing
-from engine.config import ACTIVATION_MODES, EngineConfig
+from engine.config import EngineConfig
 from engine.kernels.quant_pack import pack_quantized
 from engine.llm_engine import LLM
 from engine.loader import load_config
 from engine.quantized import quantize_q8_0
+from engine.settings import ACTIVATION_MODES
 from engine.workload import LengthRange, WorkloadRequest, WorkloadSpec, make_workload
 from gates.framework import Gate, GateRun
 from gates.runs import any_differ, differing, digest, run_schedule, run_solos

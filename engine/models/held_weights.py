@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from engine.config import QUANTIZE_MODES, ModelConfig, dtype_bytes, parse_dtype
+from engine.config import ModelConfig, dtype_bytes, parse_dtype
 from engine.config import kv_cache_dtype as kv_cache_dtype_for
 from engine.kernels.quant_pack import PANEL, packed_bytes
 from engine.quantized import BLOCK
+from engine.settings import QUANTIZE_MODES
 
 EMBEDDING = "model.embed_tokens.weight"
 

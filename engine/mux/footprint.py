@@ -159,16 +159,24 @@ def _config(source: ModelSource, stamp: tuple[tuple[str, int, int], ...]) -> Mod
 
 
 def footprint_of_spec(spec: ModelSpec) -> Footprint:
-    """The footprint of a registry entry with a ``source``."""
+    """The footprint of a registry entry with a ``source``; its draft model's weights and KV pool are
+    counted too where the entry speculates with one (``spec.engine.speculative == "draft"``)."""
     if spec.source is None:
         raise InvalidRequestError(f"model {spec.name!r} has a declared size, no files to measure")
-    return footprint_of(
+    engine = spec.engine
+    footprint = footprint_of(
         spec.source,
-        spec.dtype,
-        spec.num_kv_blocks,
-        spec.block_size,
+        engine.dtype,
+        engine.num_kv_blocks,
+        engine.block_size,
         spec.activation_bytes,
         spec.name,
-        spec.quantize,
-        spec.kv_cache_dtype,
+        engine.quantize,
+        engine.kv_cache_dtype,
     )
+    if engine.speculative != "draft" or not engine.draft_model:
+        return footprint
+    from engine.loader import load_config
+    from engine.spec.footprint import with_draft
+
+    return with_draft(footprint, spec, load_config(spec.source), engine.draft_model)

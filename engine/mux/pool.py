@@ -73,18 +73,12 @@ class Resident:
 
 
 def load_llm(spec: ModelSpec, device: str = "auto") -> Any:
-    """The default loader: ``engine.LLM`` with the entry's dtype and KV pool settings."""
+    """The default loader: ``engine.LLM`` with the entry's engine settings."""
     from engine import LLM
 
     # ModelPool._spec refuses a declared-size entry before it reaches a loader
     assert spec.source is not None, f"model {spec.name!r} has only a declared size"
-    return LLM(
-        spec.source,
-        dtype=spec.dtype,
-        device=device,
-        num_kv_blocks=spec.num_kv_blocks,
-        block_size=spec.block_size,
-    )
+    return LLM(spec.source, device=device, **spec.engine.as_fields())
 
 
 def wait_for(cond: threading.Condition, deadline: float | None, now: float, why: str) -> None:
@@ -123,10 +117,7 @@ class ModelPool:
         on_event: EventHook | None = None,
         keep_alive_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
-        draft_model: str | None = None,
     ) -> None:
-        """``draft_model``: the speculative draft each loaded model holds beside it (counted in its
-        footprint)."""
         if isinstance(policy, str) and policy.strip().lower() == "oracle":
             raise InvalidRequestError("the oracle policy needs the future; a live pool cannot use it")
         self.registry = registry
@@ -136,14 +127,8 @@ class ModelPool:
         self._on_unload = on_unload or (lambda model: None)
         self._on_event = on_event or (lambda event, name: None)
         self._clock = clock
-        if draft_model:
-            from engine.spec.footprint import footprint_with_draft
-
-            self._footprints = {
-                m.id: footprint_with_draft(m, draft_model) for m in registry.models if m.source is not None
-            }
-        else:
-            self._footprints = {m.id: footprint_of_spec(m) for m in registry.models if m.source is not None}
+        # an entry that speculates with a draft model counts the draft's memory too (footprint_of_spec)
+        self._footprints = {m.id: footprint_of_spec(m) for m in registry.models if m.source is not None}
         sizes = {m.id: registry.size_bytes(m.id) for m in registry.models if m.source is None}
         sizes |= {m: f.total_bytes for m, f in self._footprints.items()}
         budget = (

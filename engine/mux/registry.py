@@ -16,11 +16,9 @@ File format (every key but ``id``, ``name`` and one of ``size_mb`` / ``source`` 
     name = "smol"
     source = "smollm2"          # a named model, a model folder or a .gguf file (relative to this file)
     pinned = true               # never evicted once loaded
-    dtype = "float32"           # engine settings the footprint depends on
-    quantize = "auto"           # auto (a GGUF's quantized weights kept), none or int8
-    kv_cache_dtype = "auto"     # auto (float16 under quantized weights, else dtype), float32, bfloat16, float16
-    num_kv_blocks = 256
-    block_size = 16
+    dtype = "float32"           # engine settings (the footprint and the engine take them): any field of
+    quantize = "auto"           # engine.settings.EngineSettings, by its name; unset ones come from
+    num_kv_blocks = 256         # [defaults], then the caller's (a seat's command line), then the built-in
     activation_mb = 64          # the stated allowance for activations
 
 A model with a ``source`` has its footprint computed from its files (engine.mux.footprint), never guessed.
@@ -34,42 +32,20 @@ import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 from engine.errors import InvalidRequestError, UnknownModelError
+from engine.settings import ENGINE_SETTING_NAMES, EngineSettings, engine_settings
 
 MB = 1 << 20
 DEFAULT_PREFILL_TOK_S = 4000.0
 DEFAULT_DECODE_TOK_S = 40.0
-DEFAULT_DTYPE = "float32"
-DEFAULT_BLOCK_SIZE = 16
-DEFAULT_NUM_KV_BLOCKS = 1024
 DEFAULT_ACTIVATION_MB = 64.0
-DTYPE_BYTES: Mapping[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
-QUANTIZE_MODES = ("auto", "none", "int8")  # EngineConfig.quantize (defined here: this module is torch-free)
-# EngineConfig.activations: what quantized linears multiply (float32, or int16 / int8 per 32 inputs:
-# engine/kernels/csrc/qdot.h; "mixed": int16, int8 in the prompt's context rows but for q, k, v);
-# mixed by default: its teacher-forced agreement with the float path is >= 0.99 (README)
-ACTIVATION_MODES = ("float", "int16", "int8", "mixed")
-DEFAULT_ACTIVATIONS = "mixed"
-# EngineConfig.kv_cache_dtype: "auto" is float16 where a float32 model holds quantized weights on the CPU
-# kernels (engine/config.py kv_cache_dtype), else the model's dtype; or one named (the model's, or float16
-# under a float32 model)
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEMO_REGISTRY = Path(__file__).resolve().parents[2] / "fixtures" / "mux-demo.toml"
 
-_INHERITED = (
-    "prefill_tok_s",
-    "decode_tok_s",
-    "dtype",
-    "quantize",
-    "activations",
-    "kv_cache_dtype",
-    "block_size",
-    "num_kv_blocks",
-    "activation_mb",
-    "pinned",
-)
+# keys an entry may set or inherit from [defaults]: the planning ones and every engine setting
+_PLANNING = ("prefill_tok_s", "decode_tok_s", "activation_mb", "pinned")
+_INHERITED = (*_PLANNING, *ENGINE_SETTING_NAMES)
 _MODEL_KEYS = frozenset(("id", "name", "size_mb", "source", *_INHERITED))
 
 
@@ -84,7 +60,8 @@ def mb(nbytes: float) -> float:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """One registry entry. Exactly one of ``size_bytes`` (declared) and ``source`` (real files) is set."""
+    """One registry entry. Exactly one of ``size_bytes`` (declared) and ``source`` (real files) is set;
+    ``engine``: the engine settings its footprint and its engine take."""
 
     id: int
     name: str
@@ -93,12 +70,7 @@ class ModelSpec:
     pinned: bool = False
     prefill_tok_s: float = DEFAULT_PREFILL_TOK_S
     decode_tok_s: float = DEFAULT_DECODE_TOK_S
-    dtype: str = DEFAULT_DTYPE
-    quantize: str = "auto"
-    activations: str = DEFAULT_ACTIVATIONS
-    kv_cache_dtype: str = "auto"
-    block_size: int = DEFAULT_BLOCK_SIZE
-    num_kv_blocks: int = DEFAULT_NUM_KV_BLOCKS
+    engine: EngineSettings = field(default_factory=EngineSettings)
     activation_bytes: int = int(DEFAULT_ACTIVATION_MB * MB)
 
     def __post_init__(self) -> None:
@@ -108,28 +80,12 @@ class ModelSpec:
             )
         if self.size_bytes is not None and self.size_bytes <= 0:
             raise RegistryError(f"model {self.name!r}: size_mb must be > 0")
-        if self.dtype not in DTYPE_BYTES:
-            raise RegistryError(
-                f"model {self.name!r}: dtype {self.dtype!r} is not one of {', '.join(DTYPE_BYTES)}"
-            )
-        if self.quantize not in QUANTIZE_MODES:
-            raise RegistryError(
-                f"model {self.name!r}: quantize {self.quantize!r} is not one of {', '.join(QUANTIZE_MODES)}"
-            )
-        if self.activations not in ACTIVATION_MODES:
-            raise RegistryError(
-                f"model {self.name!r}: activations {self.activations!r} is not one of {', '.join(ACTIVATION_MODES)}"
-            )
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise RegistryError(
-                f"model {self.name!r}: kv_cache_dtype {self.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}"
-            )
         for key in ("prefill_tok_s", "decode_tok_s"):
             value = getattr(self, key)
             if not math.isfinite(value) or value <= 0:
                 raise RegistryError(f"model {self.name!r}: {key} must be a positive number")
-        if self.block_size < 1 or self.num_kv_blocks < 1 or self.activation_bytes < 0:
-            raise RegistryError(f"model {self.name!r}: block_size, num_kv_blocks >= 1 and activation_mb >= 0")
+        if self.activation_bytes < 0:
+            raise RegistryError(f"model {self.name!r}: activation_mb must be >= 0")
 
     @property
     def declared(self) -> bool:
@@ -197,8 +153,10 @@ class Registry:
         return frozenset(m.id for m in self.models if m.pinned)
 
 
-def load_registry(path: str | Path | None = None) -> Registry:
-    """Read and validate a registry TOML file (the demo registry when ``path`` is None)."""
+def load_registry(path: str | Path | None = None, engine: EngineSettings | None = None) -> Registry:
+    """Read and validate a registry TOML file (the demo registry when ``path`` is None). ``engine``: the
+    engine settings an entry takes where neither it nor the file's [defaults] sets them (the command
+    line's, for a seat; the built-in defaults when None)."""
     file = Path(path) if path is not None else DEMO_REGISTRY
     try:
         data = tomllib.loads(file.read_text(encoding="utf-8"))
@@ -208,13 +166,17 @@ def load_registry(path: str | Path | None = None) -> Registry:
         raise RegistryError(f"cannot read registry {file}: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise RegistryError(f"registry {file} is not valid TOML: {exc}") from None
-    return parse_registry(data, origin=str(file), base_dir=file.parent)
+    return parse_registry(data, origin=str(file), base_dir=file.parent, engine=engine)
 
 
 def parse_registry(
-    data: Mapping[str, Any], origin: str = "<memory>", base_dir: Path | None = None
+    data: Mapping[str, Any],
+    origin: str = "<memory>",
+    base_dir: Path | None = None,
+    engine: EngineSettings | None = None,
 ) -> Registry:
-    """Build a Registry from parsed TOML; every problem is a RegistryError naming the entry."""
+    """Build a Registry from parsed TOML; every problem is a RegistryError naming the entry. An entry's
+    engine settings: its own keys, then the file's [defaults], then ``engine`` (see load_registry)."""
     unknown = set(data) - {"defaults", "model"}
     if unknown:
         raise RegistryError(f"{origin}: unknown top-level key(s) {', '.join(sorted(unknown))}")
@@ -225,12 +187,18 @@ def parse_registry(
     bad = set(defaults) - set(_INHERITED)
     if bad:
         raise RegistryError(f"{origin}: unknown key(s) in [defaults]: {', '.join(sorted(bad))}")
-    models = tuple(_parse_model(i, e, defaults, origin, base_dir) for i, e in enumerate(entries, 1))
+    base = engine or EngineSettings()
+    models = tuple(_parse_model(i, e, defaults, origin, base_dir, base) for i, e in enumerate(entries, 1))
     return Registry(models, origin)
 
 
 def _parse_model(
-    index: int, entry: Any, defaults: Mapping[str, Any], origin: str, base_dir: Path | None
+    index: int,
+    entry: Any,
+    defaults: Mapping[str, Any],
+    origin: str,
+    base_dir: Path | None,
+    engine: EngineSettings,
 ) -> ModelSpec:
     where = f"{origin}: model #{index}"
     if not isinstance(entry, dict):
@@ -254,18 +222,25 @@ def _parse_model(
             pinned=_typed(merged, "pinned", bool, False, where),
             prefill_tok_s=float(_typed(merged, "prefill_tok_s", (int, float), DEFAULT_PREFILL_TOK_S, where)),
             decode_tok_s=float(_typed(merged, "decode_tok_s", (int, float), DEFAULT_DECODE_TOK_S, where)),
-            dtype=_typed(merged, "dtype", str, DEFAULT_DTYPE, where),
-            quantize=_typed(merged, "quantize", str, "auto", where),
-            activations=_typed(merged, "activations", str, DEFAULT_ACTIVATIONS, where),
-            kv_cache_dtype=_typed(merged, "kv_cache_dtype", str, "auto", where),
-            block_size=_typed(merged, "block_size", int, DEFAULT_BLOCK_SIZE, where),
-            num_kv_blocks=_typed(merged, "num_kv_blocks", int, DEFAULT_NUM_KV_BLOCKS, where),
+            engine=_engine(merged, engine, where),
             activation_bytes=int(
                 float(_typed(merged, "activation_mb", (int, float), DEFAULT_ACTIVATION_MB, where)) * MB
             ),
         )
     except RegistryError as exc:
         raise RegistryError(str(exc) if origin in str(exc) else f"{origin}: {exc}") from None
+
+
+def _engine(entry: Mapping[str, Any], base: EngineSettings, where: str) -> EngineSettings:
+    """The entry's engine settings over ``base``, each key of its field's type (a RegistryError otherwise)."""
+    kinds = get_type_hints(EngineSettings)
+    values = {
+        name: _typed(entry, name, kinds[name], None, where) for name in ENGINE_SETTING_NAMES if name in entry
+    }
+    try:
+        return engine_settings(values, base)
+    except InvalidRequestError as exc:
+        raise RegistryError(f"{where}: {exc}") from None
 
 
 def _typed(

@@ -40,19 +40,8 @@ def with_draft(footprint: Footprint, spec: ModelSpec, target: ModelConfig, draft
     from engine.models.held_weights import held_kv_dtype, held_weight_bytes
 
     draft = draft_config(draft_model, target)
-    weights = held_weight_bytes(draft, spec.dtype, spec.quantize)
-    kv_dtype = held_kv_dtype(draft, spec.dtype, spec.quantize, spec.kv_cache_dtype)
-    kv = spec.num_kv_blocks * spec.block_size * draft.kv_bytes_per_token(kv_dtype)
+    engine = spec.engine
+    weights = held_weight_bytes(draft, engine.dtype, engine.quantize)
+    kv_dtype = held_kv_dtype(draft, engine.dtype, engine.quantize, engine.kv_cache_dtype)
+    kv = engine.num_kv_blocks * engine.block_size * draft.kv_bytes_per_token(kv_dtype)
     return dataclasses.replace(footprint, draft_bytes=weights + kv)
-
-
-def footprint_with_draft(spec: ModelSpec, draft_model: str | None) -> Footprint:
-    """The footprint of a registry entry with a source, its draft model's counted when there is one."""
-    from engine.loader import load_config
-    from engine.mux.footprint import footprint_of_spec
-
-    footprint = footprint_of_spec(spec)
-    if not draft_model:
-        return footprint
-    assert spec.source is not None  # footprint_of_spec refused an entry without one
-    return with_draft(footprint, spec, load_config(spec.source), draft_model)

@@ -90,33 +90,32 @@ class _Context:
     tokens: dict[str, list[list[int]]] = field(default_factory=dict)  # first repeat's token ids per run
 
     def engine_config(self, **overrides: Any) -> EngineConfig:
-        base = {
-            "dtype": self.opts.dtype,
-            "quantize": self.opts.quantize,
-            "activations": self.opts.activations,
-            # a run at another dtype (--compare-dtype) or on the float path takes its own cache rule
-            "kv_cache_dtype": "auto"
-            if {"dtype", "quantize"} & overrides.keys()
-            else self.opts.kv_cache_dtype,
+        """Our schedules' engine: the run's engine settings without speculation (``spec_config``'s alone)."""
+        base = self.opts.engine.as_fields() | {
+            "speculative": None,
+            "draft_model": None,
             "threads": self.opts.threads,
             "max_num_seqs": self.opts.max_num_seqs,
         }
+        if {"dtype", "quantize"} & overrides.keys():
+            # a run at another dtype (--compare-dtype) or on the float path takes its own cache rule
+            base["kv_cache_dtype"] = "auto"
         return EngineConfig(**(base | overrides))
 
     def spec_config(self) -> EngineConfig:
         """cb_spec's engine: cb_invariant's with the run's speculative decoding."""
         opts = self.opts
         return self.engine_config(
-            speculative=opts.speculative,
-            num_speculative_tokens=opts.num_speculative_tokens,
-            draft_model=opts.draft_model,
+            speculative=opts.engine.speculative,
+            num_speculative_tokens=opts.engine.num_speculative_tokens,
+            draft_model=opts.engine.draft_model,
         )
 
 
 def _measured(ctx: _Context, name: str, run: ScheduleRun, dtype: str) -> dict[str, Any]:
     """Our schedules' figures: weights streamed as the engine holds them (quantized, or at ``dtype``'s
     size), FLOP/s against the peak of ``dtype``."""
-    step_bytes = streamed_weight_bytes(ctx.loaded.config, dtype, ctx.opts.quantize, name != "cb_fast")
+    step_bytes = streamed_weight_bytes(ctx.loaded.config, dtype, ctx.opts.engine.quantize, name != "cb_fast")
     return _figures(ctx, name, run, step_bytes, ctx.peaks[dtype])
 
 
@@ -165,7 +164,7 @@ def _run_one(ctx: _Context, name: str, label: str, rep: int) -> dict[str, Any]:
         "cb_fast": ctx.engine_config(batch_invariant=False),
         "cb_nocache": ctx.engine_config(enable_prefix_caching=False),
     }
-    if opts.speculative is not None:
+    if opts.engine.speculative is not None:
         continuous["cb_spec"] = ctx.spec_config()
     if opts.compare_schedule:
         continuous[opts.compare_schedule] = _compare_config(ctx)
@@ -180,10 +179,10 @@ def _run_one(ctx: _Context, name: str, label: str, rep: int) -> dict[str, Any]:
         size = opts.max_num_seqs if name == "static" else 1
         advance = ctx.start_task(label, _requested(subset))
         run = run_static(make_engine(ctx.loaded, ctx.engine_config()), subset, size, advance)
-        return _measured(ctx, name, run, opts.dtype) | {"requests_run": len(subset)}
+        return _measured(ctx, name, run, opts.engine.dtype) | {"requests_run": len(subset)}
     if name == "hf":
         advance = ctx.start_task(label, _requested(reqs))
-        return _measured(ctx, name, run_hf(ctx.hf_model, reqs, opts.max_num_seqs, advance), opts.dtype)
+        return _measured(ctx, name, run_hf(ctx.hf_model, reqs, opts.max_num_seqs, advance), opts.engine.dtype)
     if name == "single":
         return _single(ctx, label, rep)
     if name in SUBPROCESS_SCHEDULES:
@@ -220,10 +219,10 @@ def _single(ctx: _Context, label: str, rep: int) -> dict[str, Any]:
     req = dataclasses.replace(ctx.requests[0], arrival_s=0.0)
     advance = ctx.start_task(label, req.output_len * (2 if ctx.hf_model is not None else 1))
     ours = run_static(make_engine(ctx.loaded, ctx.engine_config()), [req], 1, advance)
-    step_bytes = streamed_weight_bytes(ctx.loaded.config, ctx.opts.dtype, ctx.opts.quantize)
+    step_bytes = streamed_weight_bytes(ctx.loaded.config, ctx.opts.engine.dtype, ctx.opts.engine.quantize)
     result: dict[str, Any] = {"output_len": req.output_len}
     runs = [("invariant", ours)]
-    if ctx.opts.speculative is not None:
+    if ctx.opts.engine.speculative is not None:
         runs.append(("spec", run_static(make_engine(ctx.loaded, ctx.spec_config()), [req], 1, advance)))
     if ctx.hf_model is not None:
         runs.append(("hf", run_hf(ctx.hf_model, [req], 1, advance)))
@@ -261,7 +260,7 @@ def _warm_up(ctx: _Context) -> None:
     """A short request through each engine kind and the peer: first-call costs stay out of the timings."""
     req = WorkloadRequest(0, ctx.requests[0].prompt_token_ids[:16], 2, 0.0, "warm-up")
     configs = [ctx.engine_config(), ctx.engine_config(batch_invariant=False)]
-    if ctx.opts.speculative is not None:
+    if ctx.opts.engine.speculative is not None:
         configs.append(ctx.spec_config())
     if ctx.opts.compare_schedule:
         configs.append(_compare_config(ctx))
@@ -278,7 +277,7 @@ def _dtype_agreement(ctx: _Context) -> dict[str, float]:
     if ours is None or base is None or opts.compare_dtype is None:
         return {}
     prompts = [r.prompt_token_ids for r in ctx.requests]
-    tf = agreement.teacher_forced_agreement(ctx.loaded, opts.dtype, opts.compare_dtype, prompts, base)
+    tf = agreement.teacher_forced_agreement(ctx.loaded, opts.engine.dtype, opts.compare_dtype, prompts, base)
     return {"greedy_agreement": agreement.greedy_agreement(ours, base), "teacher_forced_top1_agreement": tf}
 
 
@@ -288,13 +287,15 @@ QUANTIZED_AGREEMENT_REQUESTS = 16  # requests re-run on the float path for the q
 def _holds_quantized(ctx: _Context) -> bool:
     """Whether our schedules hold quantized weights: a GGUF's quantized tensors kept (--quantize auto)
     or float weights quantized at load (--quantize int8); never under --quantize none."""
-    return holds_quantized(ctx.loaded.config, ctx.opts.quantize)
+    return holds_quantized(ctx.loaded.config, ctx.opts.engine.quantize)
 
 
 def _kv_cache_dtype(ctx: _Context) -> str:
     """The dtype our schedules' KV pools hold."""
     opts = ctx.opts
-    return dtype_name(held_kv_dtype(ctx.loaded.config, opts.dtype, opts.quantize, opts.kv_cache_dtype))
+    return dtype_name(
+        held_kv_dtype(ctx.loaded.config, opts.engine.dtype, opts.engine.quantize, opts.engine.kv_cache_dtype)
+    )
 
 
 def _quantized_agreement(ctx: _Context) -> dict[str, float]:
@@ -326,7 +327,11 @@ def _memory(ctx: _Context, notify: Callable[[str], object]) -> dict[str, float]:
     opts = ctx.opts
     try:
         figures = measure(
-            opts.model, opts.dtype, opts.quantize, EngineConfig().num_kv_blocks, opts.kv_cache_dtype
+            opts.model,
+            opts.engine.dtype,
+            opts.engine.quantize,
+            opts.engine.num_kv_blocks,
+            opts.engine.kv_cache_dtype,
         )
     except RuntimeError as exc:
         notify(f"bench: {exc}")
@@ -351,20 +356,20 @@ def run_bench(
     clock = _Clock()
     source = resolve_model(opts.model)
     loaded = load_model(source)
-    if opts.compare_activations is not None and not holds_quantized(loaded.config, opts.quantize):
+    if opts.compare_activations is not None and not holds_quantized(loaded.config, opts.engine.quantize):
         raise InvalidRequestError(
-            f"--compare-activations: {opts.model} holds no quantized weights under --quantize {opts.quantize}, "
+            f"--compare-activations: {opts.model} holds no quantized weights under --quantize {opts.engine.quantize}, "
             "so activations change nothing"
         )
     requests = _workload(opts, loaded.config, loaded.tokenizer)
     notify(f"bench: load {clock.lap('load'):.1f} s")
     device = resolve_device("auto")
-    dtypes = {"float32", opts.dtype} | ({opts.compare_dtype} if opts.compare_dtype else set())
+    dtypes = {"float32", opts.engine.dtype} | ({opts.compare_dtype} if opts.compare_dtype else set())
     peaks = {d: matmul_peak_gflops(compute_dtype(parse_dtype(d), device), device) for d in sorted(dtypes)}
     read_gbps = memory_read_gbps(device)
     notify(f"bench: matmul_peak, read bandwidth {clock.lap('matmul_peak'):.1f} s")
     wants_peer = "hf" in names or ("single" in names and "hf" in opts.peers)
-    hf_model = load_hf_model(source, parse_dtype(opts.dtype), device) if wants_peer else None
+    hf_model = load_hf_model(source, parse_dtype(opts.engine.dtype), device) if wants_peer else None
     notify(f"bench: load_peer {clock.lap('load_peer'):.1f} s")
     peer_runs = PeerRuns(
         loaded,

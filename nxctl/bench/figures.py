@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from engine.mux.registry import ACTIVATION_MODES
+from engine.settings import ACTIVATION_MODES
 from nxctl.bench.options import SCHEDULES, SHORT_DTYPE, BenchOptions
 from nxctl.bench.peers.registry import SUBPROCESS_SCHEDULES
 
@@ -141,9 +141,9 @@ def compare_ratio(opts: BenchOptions) -> Ratio | None:
     if opts.compare_schedule is None:
         return None
     if opts.compare_dtype is not None:
-        sides = f"{SHORT_DTYPE[opts.dtype]}_vs_{SHORT_DTYPE[opts.compare_dtype]}"
+        sides = f"{SHORT_DTYPE[opts.engine.dtype]}_vs_{SHORT_DTYPE[opts.compare_dtype]}"
     else:
-        sides = f"{opts.activations}_vs_{opts.compare_activations}_activations"
+        sides = f"{opts.engine.activations}_vs_{opts.compare_activations}_activations"
     name = f"{sides}_invariant_output_throughput"
     return Ratio(name, "cb_invariant", "output_throughput", opts.compare_schedule, "output_throughput")
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from engine.config import EngineConfig, kv_cache_dtype, parse_dtype
 from engine.errors import InvalidRequestError
-from engine.mux.registry import ACTIVATION_MODES, DEFAULT_ACTIVATIONS, QUANTIZE_MODES
-from engine.spec.config import DEFAULT_SPECULATIVE_TOKENS
+from engine.settings import ACTIVATION_MODES, DTYPE_NAMES, ENGINE_FLAGS, EngineSettings, check_choice
 from engine.workload import WorkloadSpec
 from nxctl.bench.peers.registry import PEER_SCHEDULES
 
@@ -18,27 +16,19 @@ PEER_OF = {schedule: peer for peer, schedules in PEER_SCHEDULES.items() for sche
 SCHEDULES = (*OURS[:-1], *PEER_OF, "single")  # in run order: single last, after every peer
 SEQUENTIAL_SUBSET = 8  # the sequential schedule runs the first 8 requests only
 SHORT_DTYPE = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
-# options with a default that only our in-process runs read: refused under --url when given (see ``given``)
-IN_PROCESS_OPTIONS = (
-    "--dtype",
-    "--max-num-seqs",
-    "--threads",
-    "--quantize",
-    "--activations",
-    "--kv-cache-dtype",
-    "--num-speculative-tokens",
-    "--draft-model",
-    "--peers-dir",
-)
+# options with a default that only our in-process runs read: refused under --url when given (see
+# ``given``); every engine option is one too (nxctl/commands/engine_options.py adds them)
+IN_PROCESS_OPTIONS = ("--max-num-seqs", "--threads", "--peers-dir")
 
 
 @dataclass(frozen=True)
 class BenchOptions:
-    """What to run. ``schedules`` empty = the default set (see ``selected``)."""
+    """What to run. ``schedules`` empty = the default set (see ``selected``). ``engine``: our schedules'
+    engine settings (its speculation: cb_spec's and the single request's speculative run)."""
 
     model: str = "smollm2"
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
-    dtype: str = "float32"
+    engine: EngineSettings = field(default_factory=EngineSettings)
     max_num_seqs: int = 16
     threads: int | None = None
     peers: tuple[str, ...] = ()
@@ -49,29 +39,12 @@ class BenchOptions:
     url: str | None = None
     concurrency: int | None = None
     peers_dir: Path | None = None  # where `make peers` put the subprocess peers (None: the default)
-    quantize: str = "auto"  # EngineConfig.quantize for our schedules
-    activations: str = DEFAULT_ACTIVATIONS  # EngineConfig.activations for our schedules
-    kv_cache_dtype: str = "auto"  # EngineConfig.kv_cache_dtype for our schedules
     dataset: str | None = None  # --workload: a fixed prompt dataset (nxctl/bench/datasets.py); None: random
-    speculative: str | None = None  # cb_spec and the single request's speculative run (engine/spec)
-    num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
-    draft_model: str | None = None
     # the options the command line gave (their flags), where a value alone cannot tell a default from a
     # choice: the CLI fills it; ``in_process_settings`` reads it
     given: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
-        kv_cache_dtype(
-            self.kv_cache_dtype, parse_dtype(self.dtype), holds_quantized=False
-        )  # checks the pairing
-        if self.quantize not in QUANTIZE_MODES:
-            raise InvalidRequestError(
-                f"--quantize must be one of {', '.join(QUANTIZE_MODES)}, got {self.quantize!r}"
-            )
-        if self.activations not in ACTIVATION_MODES:
-            raise InvalidRequestError(
-                f"--activations must be one of {', '.join(ACTIVATION_MODES)}, got {self.activations!r}"
-            )
         for peer in self.peers:
             if peer not in PEERS:
                 raise InvalidRequestError(f"--peer must be one of {', '.join(PEERS)}, got {peer!r}")
@@ -92,28 +65,18 @@ class BenchOptions:
             if schedule in PEER_OF and PEER_OF[schedule] not in self.peers:
                 raise InvalidRequestError(f"the {schedule} schedule needs --peer {PEER_OF[schedule]}")
         if self.compare_dtype is not None:
-            parse_dtype(self.compare_dtype)
-            if self.compare_dtype == self.dtype:
+            check_choice("--compare-dtype", self.compare_dtype, DTYPE_NAMES)
+            if self.compare_dtype == self.engine.dtype:
                 raise InvalidRequestError(f"--compare-dtype {self.compare_dtype} is the run's own dtype")
         if self.compare_activations is not None:
-            if self.compare_activations not in ACTIVATION_MODES:
-                raise InvalidRequestError(
-                    f"--compare-activations must be one of {', '.join(ACTIVATION_MODES)}, "
-                    f"got {self.compare_activations!r}"
-                )
-            if self.compare_activations == self.activations:
+            check_choice("--compare-activations", self.compare_activations, ACTIVATION_MODES)
+            if self.compare_activations == self.engine.activations:
                 raise InvalidRequestError(
                     f"--compare-activations {self.compare_activations} is the run's own activations"
                 )
             if self.compare_dtype is not None:
                 raise InvalidRequestError("--compare-dtype and --compare-activations: choose one comparison")
-        if self.speculative is not None:
-            EngineConfig(
-                speculative=self.speculative,
-                num_speculative_tokens=self.num_speculative_tokens,
-                draft_model=self.draft_model,
-            )  # checks the settings
-        elif "cb_spec" in self.schedules:
+        if self.engine.speculative is None and "cb_spec" in self.schedules:
             raise InvalidRequestError("the cb_spec schedule needs --speculative ngram|draft")
         if self.url is not None:
             if not self.url.startswith(("http://", "https://")):
@@ -135,8 +98,12 @@ class BenchOptions:
             "--peer": bool(self.peers),
             "--compare-dtype": self.compare_dtype is not None,
             "--compare-activations": self.compare_activations is not None,
-            "--speculative": self.speculative is not None,
-            **{flag: flag in self.given for flag in IN_PROCESS_OPTIONS},
+            "--speculative": self.engine.speculative is not None,
+            **{
+                flag: flag in self.given
+                for flag in (*IN_PROCESS_OPTIONS, *ENGINE_FLAGS)
+                if flag != "--speculative"
+            },
         }
         return [name for name, named in present.items() if named]
 
@@ -158,7 +125,7 @@ class BenchOptions:
                 s
                 for s in OURS
                 if (s != "cb_nocache" or self.workload.shared_prefix > 0)
-                and (s != "cb_spec" or self.speculative is not None)
+                and (s != "cb_spec" or self.engine.speculative is not None)
             ]
             names[-1:-1] = [s for peer in self.peers for s in PEER_SCHEDULES[peer]]
         if self.compare_schedule:
@@ -172,6 +139,7 @@ class BenchOptions:
 
     def to_json(self) -> dict[str, object]:
         data = asdict(self)
+        data |= data.pop("engine")  # the engine settings beside the others, as the JSON always had them
         del data["peers_dir"]  # a path of this machine, not a setting of the run
         del data["given"]  # how the options were given, not what they are
         spec = self.workload

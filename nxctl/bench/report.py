@@ -83,18 +83,18 @@ def title(result: BenchResult) -> str:
         if opts.dataset in (None, "random")
         else f"{spec.num_requests} requests from dataset {opts.dataset}, {rate}{extra}"
     )
-    if opts.speculative is not None:
-        extra_spec = f", draft {opts.draft_model}" if opts.draft_model else ""
-        workload += f"; cb_spec: {opts.speculative} speculation, K={opts.num_speculative_tokens}{extra_spec}"
+    if opts.engine.speculative is not None:
+        extra_spec = f", draft {opts.engine.draft_model}" if opts.engine.draft_model else ""
+        workload += f"; cb_spec: {opts.engine.speculative} speculation, K={opts.engine.num_speculative_tokens}{extra_spec}"
     if opts.url is not None:
         concurrency = opts.concurrency or spec.num_requests
         return f"sched bench: {opts.model} served at {opts.url}, {workload}, concurrency {concurrency}"
     backend = cpu_kernels(result)
-    activations = f", {opts.activations} activations" if result.quantized_weights else ""
+    activations = f", {opts.engine.activations} activations" if result.quantized_weights else ""
     kv = f", {result.kv_cache_dtype} KV cache" if result.kv_cache_dtype else ""
     kernel_note = f" ({backend} kernels{activations}{kv})" if backend else ""
     return (
-        f"sched bench: {opts.model} {opts.dtype} on {result.device}, {workload}, max {opts.max_num_seqs} "
+        f"sched bench: {opts.model} {opts.engine.dtype} on {result.device}, {workload}, max {opts.max_num_seqs} "
         f"seqs, {result.threads} threads{kernel_note}, {opts.repeat} repeat(s)"
     )
 
@@ -155,9 +155,9 @@ def footer(result: BenchResult) -> list[str]:
         lines.append(f"ratio {name}: {_cell(value, 3)}")
     for name, value in data["agreement"].items():
         versus = (
-            f"--quantize {result.options.quantize} --activations {result.options.activations} vs none"
+            f"--quantize {result.options.engine.quantize} --activations {result.options.engine.activations} vs none"
             if name.startswith("quantized_")
-            else f"{result.options.dtype} vs {result.options.compare_dtype}"
+            else f"{result.options.engine.dtype} vs {result.options.compare_dtype}"
         )
         lines.append(f"{name} ({versus}): {value:.3f}")
     memory = data.get("memory") or {}
@@ -174,9 +174,9 @@ def footer(result: BenchResult) -> list[str]:
             + (
                 "; on a CPU every dtype's peak is float32's (our kernels compute in float32"
                 + (
-                    f"; with {result.options.activations} activations our quantized linears' products are integer, "
+                    f"; with {result.options.engine.activations} activations our quantized linears' products are integer, "
                     "so their % can pass 100)"
-                    if result.quantized_weights and result.options.activations != "float"
+                    if result.quantized_weights and result.options.engine.activations != "float"
                     else ")"
                 )
                 if result.device == "cpu"

@@ -11,7 +11,11 @@ from typing import Annotated, TextIO
 import httpx
 import typer
 
+from nxctl.commands.common import fail
+from nxctl.commands.engine_options import EngineFlags, with_engine_options
+
 DEFAULT_URL = "http://127.0.0.1:11434"
+DEFAULT_MODEL = "smollm2"
 QUIT = {"/bye", "/exit", "/quit"}
 
 
@@ -98,8 +102,21 @@ def _terminal_lines(prompt: str) -> Iterator[str]:
             return
 
 
+def chosen_model(argument: str | None, option: str | None) -> str:
+    """The model named as the argument (as `nxctl run` and `ollama run` take it) or with -m; smollm2 when
+    neither; a ValueError when both name different models."""
+    if argument and option and argument != option:
+        raise ValueError(f"two models named: {argument} (argument) and {option} (-m); give one")
+    return argument or option or DEFAULT_MODEL
+
+
+@with_engine_options
 def chat(
-    model: Annotated[str, typer.Option("--model", "-m", help="The model to chat with.")] = "smollm2",
+    engine: EngineFlags,
+    model_argument: Annotated[
+        str | None, typer.Argument(metavar="[MODEL]", help="The model to chat with (default smollm2).")
+    ] = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="The model, as an option.")] = None,
     url: Annotated[
         str, typer.Option("--url", help="A running seat (else one starts in-process).")
     ] = DEFAULT_URL,
@@ -110,7 +127,12 @@ def chat(
         str | None, typer.Option("--api-key", help="Bearer key, if the seat needs one.")
     ] = None,
 ) -> None:
-    """Chat in the terminal, tokens streamed as they come (/bye ends, /clear forgets the conversation)."""
+    """Chat in the terminal, tokens streamed as they come (/bye ends, /clear forgets the conversation).
+    The engine options apply to a seat started in-process; a running seat keeps its own."""
+    try:
+        name = chosen_model(model_argument, model)
+    except ValueError as exc:
+        fail(str(exc))
     options: dict[str, object] = {}
     if temperature is not None:
         options["temperature"] = temperature
@@ -119,13 +141,18 @@ def chat(
     interactive = sys.stdin.isatty()
     lines = _terminal_lines(">>> ") if interactive else sys.stdin
     if seat_answers(url):
-        run_chat(url, model, lines, sys.stdout, system, options, api_key)
+        if engine.given:
+            fail(f"the seat at {url} runs its own engine settings: drop {sorted(engine.given)[0]}")
+        run_chat(url, name, lines, sys.stdout, system, options, api_key)
         return
     from nxctl.server.app import create_app
     from nxctl.server.settings import SeatSettings
     from nxctl.server.uvicorn_seat import BackgroundSeat
 
-    typer.echo(f"nxctl chat: no seat at {url}; loading {model} in-process", err=True)
-    app = create_app(SeatSettings(models=(model,), dlq_enabled=False, log_requests=False, keep_alive_s=None))
+    typer.echo(f"nxctl chat: no seat at {url}; loading {name} in-process", err=True)
+    settings = SeatSettings(
+        models=(name,), engine=engine.settings, dlq_enabled=False, log_requests=False, keep_alive_s=None
+    )
+    app = create_app(settings)
     with BackgroundSeat(app) as local:
-        run_chat(local, model, lines, sys.stdout, system, options, None)
+        run_chat(local, name, lines, sys.stdout, system, options, None)

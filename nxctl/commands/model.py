@@ -10,19 +10,19 @@ from rich.console import Console
 from rich.table import Table
 
 from engine.config import ModelConfig, dtype_name
-from engine.errors import InvalidRequestError, NxError
+from engine.errors import NxError
 from engine.loader import NAMED_MODELS, ModelSource, hf_cache, load_config, ollama_store, resolve_model
 from engine.models.held_weights import held_kv_dtype, held_weight_bytes
-from engine.mux.registry import QUANTIZE_MODES
-from nxctl.commands.common import QUANTIZE_HELP, fail
+from engine.settings import DTYPE_HELP, DTYPE_NAMES, QUANTIZE_HELP, QUANTIZE_MODES, check_choice
+from nxctl.commands.common import fail
 
 app = typer.Typer(help="List the models at hand and describe model files.", no_args_is_help=True)
 
 
 def model_info(name: str, dtype: str = "float32", quantize: str = "auto") -> dict[str, object]:
     """What `nxctl model info` prints, as a dict (raises typed engine errors)."""
-    if quantize not in QUANTIZE_MODES:
-        raise InvalidRequestError(f"--quantize must be one of {', '.join(QUANTIZE_MODES)}, got {quantize!r}")
+    check_choice("dtype", dtype, DTYPE_NAMES)
+    check_choice("quantize mode", quantize, QUANTIZE_MODES)
     source = resolve_model(name)
     config: ModelConfig = load_config(source)
     kv_dtype = held_kv_dtype(config, dtype, quantize)
@@ -83,7 +83,7 @@ def list_models() -> None:
 @app.command("info")
 def info(
     model: Annotated[str, typer.Argument(help="A named model, a model folder or a .gguf file.")],
-    dtype: Annotated[str, typer.Option(help="The dtype the weights load as.")] = "float32",
+    dtype: Annotated[str, typer.Option(help="The dtype the weights load as: " + DTYPE_HELP)] = "float32",
     quantize: Annotated[str, typer.Option("--quantize", help=QUANTIZE_HELP)] = "auto",
 ) -> None:
     """Architecture, parameter count, dtype, weights held quantized, weight bytes as held (on the CPU),

@@ -14,13 +14,11 @@ import typer
 from engine.drive import Arrival, drive
 from engine.errors import NxError
 from engine.llm_engine import LLM
-from engine.mux.registry import DEFAULT_ACTIVATIONS
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.spec.config import DEFAULT_SPECULATIVE_TOKENS
 from engine.structured import Grammar
-from nxctl.commands import common
-from nxctl.commands.common import ACTIVATIONS_HELP, DRAFT_MODEL_HELP, QUANTIZE_HELP, SPECULATIVE_HELP, fail
+from nxctl.commands.common import fail
+from nxctl.commands.engine_options import EngineFlags, with_engine_options
 
 
 def stream_turn(
@@ -65,7 +63,9 @@ def grammar_option(json_schema: Path | None, regex: str | None, json_object: boo
     return Grammar.json_object() if json_object else None
 
 
+@with_engine_options
 def run(
+    engine: EngineFlags,
     model: Annotated[
         str, typer.Argument(help="A named model (smollm2, tiny), a model folder or a .gguf file.")
     ],
@@ -82,10 +82,6 @@ def run(
         float | None, typer.Option(help="Nucleus sampling mass, in (0, 1] [default: 1].")
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Seed of this request's random stream.")] = None,
-    dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
-    quantize: Annotated[str, typer.Option("--quantize", help=QUANTIZE_HELP)] = "auto",
-    activations: Annotated[str, typer.Option("--activations", help=ACTIVATIONS_HELP)] = DEFAULT_ACTIVATIONS,
-    kv_cache_dtype: common.KvCacheDtypeOption = "auto",
     json_schema: Annotated[
         Path | None,
         typer.Option("--json-schema", help="A JSON Schema file the answer must validate against."),
@@ -94,11 +90,6 @@ def run(
         str | None, typer.Option("--regex", help="A regular expression the answer must match.")
     ] = None,
     json_object: Annotated[bool, typer.Option("--json", help="The answer is a JSON object.")] = False,
-    speculative: Annotated[str | None, typer.Option("--speculative", help=SPECULATIVE_HELP)] = None,
-    num_speculative_tokens: Annotated[
-        int, typer.Option("--num-speculative-tokens", help="K: most tokens proposed per step.")
-    ] = DEFAULT_SPECULATIVE_TOKENS,
-    draft_model: Annotated[str | None, typer.Option("--draft-model", help=DRAFT_MODEL_HELP)] = None,
 ) -> None:
     """One chat turn with a model, printed as it is generated. A model Ollama pulled brings its
     manifest's stop words and parameters, which options given here override."""
@@ -121,16 +112,7 @@ def run(
         if grammar is not None:
             chosen["grammar"] = grammar
         dataclasses.replace(SamplingParams(), **{**RUN_DEFAULTS, **chosen})  # bad values fail before loading
-        llm = LLM(
-            model,
-            dtype=dtype,
-            quantize=quantize,
-            activations=activations,
-            kv_cache_dtype=kv_cache_dtype,
-            speculative=speculative,
-            num_speculative_tokens=num_speculative_tokens,
-            draft_model=draft_model,
-        )
+        llm = LLM(model, **engine.settings.as_fields())
         if grammar is not None:
             llm.engine.grammars.compile(grammar)  # a grammar that does not compile: one line, no output
         settings: dict[str, Any] = {**RUN_DEFAULTS, **llm.source.defaults, **chosen}

@@ -14,16 +14,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from engine.errors import InvalidRequestError, NxError
-from engine.mux.registry import DEFAULT_ACTIVATIONS
-from engine.spec.config import DEFAULT_SPECULATIVE_TOKENS
 from engine.workload import LengthRange, WorkloadSpec, parse_weights
 from nxctl.bench.bench_run import BenchResult, run_bench
 from nxctl.bench.options import IN_PROCESS_OPTIONS, SCHEDULES, BenchOptions
 from nxctl.bench.report import footer, table, title
 from nxctl.bench.schedules import Advance
 from nxctl.bench.summary import write_json
-from nxctl.commands import common
-from nxctl.commands.common import ACTIVATIONS_HELP, DRAFT_MODEL_HELP, QUANTIZE_HELP, SPECULATIVE_HELP, fail
+from nxctl.commands.common import fail
+from nxctl.commands.engine_options import EngineFlags, given_on_command_line, with_engine_options
 
 app = typer.Typer(help="The scheduler measured: throughput and latency against simpler schedules and a peer.")
 
@@ -68,19 +66,11 @@ def run_with_progress(opts: BenchOptions, console: Console) -> BenchResult:
         return run_bench(opts, start_task, progress.console.print)
 
 
-def command_line_flags(ctx: typer.Context, flags: tuple[str, ...]) -> frozenset[str]:
-    """Those of ``flags`` (each an option's long name, e.g. --max-num-seqs) given on the command line,
-    not left at their default or taken from the environment."""
-    sources = {flag: ctx.get_parameter_source(flag.lstrip("-").replace("-", "_")) for flag in flags}
-    # by name: typer carries its own copy of click's ParameterSource
-    return frozenset(
-        flag for flag, source in sources.items() if getattr(source, "name", None) == "COMMANDLINE"
-    )
-
-
 @app.command("bench")
+@with_engine_options
 def bench(
     ctx: typer.Context,
+    engine: EngineFlags,
     model: Annotated[
         str, typer.Option(help="A named model (smollm2, tiny), a model folder or a .gguf file.")
     ] = "smollm2",
@@ -93,7 +83,6 @@ def bench(
     ] = "16:256",
     rate: Annotated[str, typer.Option(help="Poisson arrivals in requests/s; inf = all at time 0.")] = "inf",
     seed: Annotated[int, typer.Option(help="Seed of the workload (prompts, lengths, arrivals).")] = 0,
-    dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
     max_num_seqs: Annotated[
         int, typer.Option("--max-num-seqs", help="Seats per step; static batch size.")
     ] = 16,
@@ -139,9 +128,6 @@ def bench(
         Path | None,
         typer.Option("--peers-dir", envvar="NXCTL_PEERS_DIR", help="Where `make peers` installed the peers."),
     ] = None,
-    quantize: Annotated[str, typer.Option("--quantize", help=QUANTIZE_HELP)] = "auto",
-    activations: Annotated[str, typer.Option("--activations", help=ACTIVATIONS_HELP)] = DEFAULT_ACTIVATIONS,
-    kv_cache_dtype: common.KvCacheDtypeOption = "auto",
     workload: Annotated[
         str,
         typer.Option(
@@ -149,19 +135,9 @@ def bench(
             help="random (drawn tokens, --input-len/--output-len), a named dataset (grounded, open) or a .jsonl file.",
         ),
     ] = "random",
-    speculative: Annotated[
-        str | None,
-        typer.Option("--speculative", help="Also run cb_spec. " + SPECULATIVE_HELP),
-    ] = None,
-    num_speculative_tokens: Annotated[
-        int, typer.Option("--num-speculative-tokens", help="K: most tokens proposed per request per step.")
-    ] = DEFAULT_SPECULATIVE_TOKENS,
-    draft_model: Annotated[
-        str | None,
-        typer.Option("--draft-model", help=DRAFT_MODEL_HELP),
-    ] = None,
 ) -> None:
-    """Throughput and latency (vLLM's metrics) of our schedules, side by side, optionally against a peer."""
+    """Throughput and latency (vLLM's metrics) of our schedules, side by side, optionally against a peer.
+    The engine options set our schedules' engine; --speculative also runs cb_spec."""
     try:
         spec = WorkloadSpec(
             num_requests=num_requests,
@@ -176,7 +152,7 @@ def bench(
         opts = BenchOptions(
             model=model,
             workload=spec,
-            dtype=dtype,
+            engine=engine.settings,
             max_num_seqs=max_num_seqs,
             threads=threads,
             peers=parse_peers(peer),
@@ -187,14 +163,8 @@ def bench(
             url=url,
             concurrency=concurrency,
             peers_dir=peers_dir,
-            quantize=quantize,
-            activations=activations,
-            kv_cache_dtype=kv_cache_dtype,
             dataset=None if workload == "random" else workload,
-            speculative=speculative,
-            num_speculative_tokens=num_speculative_tokens,
-            draft_model=draft_model,
-            given=command_line_flags(ctx, IN_PROCESS_OPTIONS),
+            given=engine.given | given_on_command_line(ctx, IN_PROCESS_OPTIONS),
         )
         result = run_with_progress(opts, Console(stderr=True))
     except NxError as exc:

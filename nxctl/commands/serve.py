@@ -13,10 +13,9 @@ from typing import Annotated
 import typer
 
 from engine.errors import InvalidRequestError
-from engine.mux.registry import DEFAULT_ACTIVATIONS
-from engine.spec.config import DEFAULT_SPECULATIVE_TOKENS
-from nxctl.commands import common
-from nxctl.commands.common import ACTIVATIONS_HELP, DRAFT_MODEL_HELP, QUANTIZE_HELP, SPECULATIVE_HELP, fail
+from engine.settings import EngineSettings
+from nxctl.commands.common import fail
+from nxctl.commands.engine_options import EngineFlags, with_engine_options
 from nxctl.server.settings import DEFAULT_PORT, SeatSettings, parse_duration
 
 
@@ -33,22 +32,17 @@ def build_settings(
     drain_timeout: float = 30.0,
     api_key: str | None = None,
     device: str = "auto",
-    dtype: str = "float32",
-    quantize: str = "auto",
-    num_kv_blocks: int = 1024,
+    engine: EngineSettings | None = None,
     default_max_tokens: int = 512,
     keep_alive: str = "5m",
     max_body_mb: float = 8.0,
     quiet: bool = False,
-    speculative: str | None = None,
-    num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS,
-    draft_model: str | None = None,
     cors_origins: tuple[str, ...] = (),
     faults: tuple[str, ...] = (),
-    activations: str = DEFAULT_ACTIVATIONS,
-    kv_cache_dtype: str = "auto",
 ) -> SeatSettings:
-    """The seat's settings from the command's options (defaults: smollm2, unless a registry is given)."""
+    """The seat's settings from the command's options (defaults: smollm2, unless a registry is given;
+    ``engine``: the --model models' engine settings, and under a registry the defaults beneath what its
+    entries and [defaults] set)."""
     chosen = tuple(models) if models else (() if registry is not None else ("smollm2",))
     return SeatSettings(
         models=chosen,
@@ -57,11 +51,7 @@ def build_settings(
         registry=registry,
         budget_mb=budget_mb,
         device=device,
-        dtype=dtype,
-        quantize=quantize,
-        activations=activations,
-        kv_cache_dtype=kv_cache_dtype,
-        num_kv_blocks=num_kv_blocks,
+        engine=engine or EngineSettings(),
         max_queue=max_queue,
         dlq_path=dlq,
         dlq_max_rows=dlq_max_rows,
@@ -71,9 +61,6 @@ def build_settings(
         default_max_tokens=default_max_tokens,
         keep_alive_s=parse_duration(keep_alive),
         max_body_bytes=int(max_body_mb * (1 << 20)),
-        speculative=speculative,
-        num_speculative_tokens=num_speculative_tokens,
-        draft_model=draft_model,
         log_requests=not quiet,
         cors_origins=cors_origins,
         faults=faults,
@@ -140,7 +127,9 @@ def run_seat(settings: SeatSettings, threads: int | None = None) -> None:
     typer.echo("nxctl serve: stopped")
 
 
+@with_engine_options
 def serve(
+    engine: EngineFlags,
     model: Annotated[
         list[str] | None,
         typer.Option("--model", "-m", help="Model to serve and preload (repeatable; default smollm2)."),
@@ -150,7 +139,12 @@ def serve(
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = DEFAULT_PORT,
     registry: Annotated[
-        Path | None, typer.Option("--registry", help="A mux registry TOML: more models, loaded on demand.")
+        Path | None,
+        typer.Option(
+            "--registry",
+            help="A mux registry TOML: more models, loaded on demand. Its entries' own engine settings and "
+            "its defaults table win; the engine options given here fill in what the file leaves unset.",
+        ),
     ] = None,
     budget_mb: Annotated[
         float | None, typer.Option("--budget-mb", help="Memory budget for resident models (MB).")
@@ -177,15 +171,6 @@ def serve(
         ),
     ] = None,
     device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
-    dtype: Annotated[
-        str, typer.Option("--dtype", help="float32, bfloat16 or float16 (for --model models).")
-    ] = "float32",
-    quantize: Annotated[str, typer.Option("--quantize", help=QUANTIZE_HELP)] = "auto",
-    activations: Annotated[str, typer.Option("--activations", help=ACTIVATIONS_HELP)] = DEFAULT_ACTIVATIONS,
-    kv_cache_dtype: common.KvCacheDtypeOption = "auto",
-    num_kv_blocks: Annotated[
-        int, typer.Option("--num-kv-blocks", help="KV pool blocks per --model model.")
-    ] = 1024,
     threads: Annotated[
         int | None, typer.Option("--threads", help="Torch threads for the whole process.")
     ] = None,
@@ -197,11 +182,6 @@ def serve(
     ] = "5m",
     max_body_mb: Annotated[float, typer.Option("--max-body-mb", help="Largest request body (MB).")] = 8.0,
     quiet: Annotated[bool, typer.Option("--quiet", help="No per-request log lines.")] = False,
-    speculative: Annotated[str | None, typer.Option("--speculative", help=SPECULATIVE_HELP)] = None,
-    num_speculative_tokens: Annotated[
-        int, typer.Option("--num-speculative-tokens", help="K: most tokens proposed per request per step.")
-    ] = DEFAULT_SPECULATIVE_TOKENS,
-    draft_model: Annotated[str | None, typer.Option("--draft-model", help=DRAFT_MODEL_HELP)] = None,
     cors_origin: Annotated[
         list[str] | None,
         typer.Option(
@@ -219,12 +199,26 @@ def serve(
     """Serve models over OpenAI- and Ollama-compatible HTTP APIs with continuous batching."""
     try:
         settings = build_settings(
-            model, host, port, registry, budget_mb, max_queue, dlq, dlq_max_rows, dlq_redact, drain_timeout,
-            api_key, device, dtype, quantize, num_kv_blocks, default_max_tokens, keep_alive, max_body_mb,
-            quiet, speculative=speculative, num_speculative_tokens=num_speculative_tokens,
-            draft_model=draft_model, cors_origins=tuple(cors_origin or ()), faults=tuple(fault or ()),
-            activations=activations, kv_cache_dtype=kv_cache_dtype,
-        )  # fmt: skip
+            models=model,
+            host=host,
+            port=port,
+            registry=registry,
+            budget_mb=budget_mb,
+            max_queue=max_queue,
+            dlq=dlq,
+            dlq_max_rows=dlq_max_rows,
+            dlq_redact=dlq_redact,
+            drain_timeout=drain_timeout,
+            api_key=api_key,
+            device=device,
+            engine=engine.settings,
+            default_max_tokens=default_max_tokens,
+            keep_alive=keep_alive,
+            max_body_mb=max_body_mb,
+            quiet=quiet,
+            cors_origins=tuple(cors_origin or ()),
+            faults=tuple(fault or ()),
+        )
     except InvalidRequestError as exc:
         fail(str(exc))
     run_seat(settings, threads)

@@ -57,23 +57,14 @@ def build_seat(
     """The seat's shared state and the names to preload. ``loader`` replaces the real one (tests);
     ``tracer_provider`` turns tracing on (None: off)."""
     metrics = SeatMetrics()
-    registry = seat_registry(
-        settings.models,
-        settings.registry,
-        settings.dtype,
-        settings.num_kv_blocks,
-        settings.quantize,
-        settings.activations,
-        settings.kv_cache_dtype,
-    )
+    registry = seat_registry(settings.models, settings.registry, settings.engine)
     budget = None if settings.budget_mb is None else int(settings.budget_mb * MB)
     host = ModelHost(
         registry,
-        loader or make_loader(settings.device, CoreLease(), metrics.observe_loop, settings.speculation),
+        loader or make_loader(settings.device, CoreLease(), metrics.observe_loop),
         budget_bytes=budget,
         keep_alive_s=settings.keep_alive_s,
         on_event=metrics.observe_event,
-        draft_model=settings.draft_model if settings.speculative == "draft" else None,
     )
     dlq = None
     if settings.dlq_enabled:

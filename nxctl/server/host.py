@@ -68,7 +68,6 @@ class ModelHost(ModelPool):
         policy: str = "lru",
         on_event: EventHook | None = None,
         clock: Callable[[], float] = time.monotonic,
-        draft_model: str | None = None,
     ) -> None:
         self._specs = {s.name: s for s in registry.models if s.source is not None}
         if not self._specs:
@@ -82,7 +81,6 @@ class ModelHost(ModelPool):
             on_event=on_event,
             keep_alive_s=keep_alive_s,
             clock=clock,
-            draft_model=draft_model,
         )
 
     @property

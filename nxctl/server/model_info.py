@@ -76,7 +76,7 @@ def model_info(spec: ModelSpec) -> ModelInfo:
     source = resolve_model(spec.source or spec.name)
     files = [source.path] if source.path.is_file() else [p for p in source.path.iterdir() if p.is_file()]
     stats = [p.stat() for p in files]
-    config, level = _config_and_level(source, spec.dtype)
+    config, level = _config_and_level(source, spec.engine.dtype)
     return ModelInfo(
         name=spec.name,
         config=config,

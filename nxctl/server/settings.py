@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from engine.config import ACTIVATION_MODES, DEFAULT_ACTIVATIONS, DTYPES, QUANTIZE_MODES
-from engine.config import kv_cache_dtype as kv_cache_dtype_for
 from engine.errors import InvalidRequestError
-from engine.spec.config import DEFAULT_SPECULATIVE_TOKENS, SpecConfig
+from engine.settings import EngineSettings
 from nxctl.server.faults import SEAT_FAULTS
 
 DEFAULT_PORT = 11434
@@ -54,7 +51,9 @@ class SeatSettings:
 
     ``budget_mb`` None: no budget (every servable model may be resident at once). ``keep_alive_s`` None:
     models stay until evicted. ``max_queue``: requests admitted but not yet started, per model, before
-    503. ``default_max_tokens``: when a request names no limit. ``cors_origins``: the browser origins
+    503. ``default_max_tokens``: when a request names no limit. ``engine``: the engine settings of the
+    ``--model`` models, and those a registry entry takes where neither it nor its file's [defaults] sets
+    them (engine.mux.registry.load_registry). ``cors_origins``: the browser origins
     answered with CORS headers (none by default: no CORS header at all). ``faults``: documented fault
     hooks (nxctl/server/faults.py), for negative controls only.
     """
@@ -65,11 +64,7 @@ class SeatSettings:
     registry: Path | None = None
     budget_mb: float | None = None
     device: str = "auto"
-    dtype: str = "float32"
-    quantize: str = "auto"
-    activations: str = DEFAULT_ACTIVATIONS
-    kv_cache_dtype: str = "auto"
-    num_kv_blocks: int = 1024
+    engine: EngineSettings = field(default_factory=EngineSettings)
     max_queue: int = 256
     dlq_path: Path | None = None  # None: default_dlq_path()
     dlq_enabled: bool = True
@@ -82,20 +77,8 @@ class SeatSettings:
     max_body_bytes: int = 8 << 20
     load_timeout_s: float = 300.0
     log_requests: bool = True
-    speculative: str | None = None  # every served model's engine speculates (engine/spec); None: off
-    num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
-    draft_model: str | None = None
     cors_origins: tuple[str, ...] = ()
     faults: tuple[str, ...] = ()  # testing only: nxctl/server/faults.py
-
-    @property
-    def speculation(self) -> dict[str, Any]:
-        """The EngineConfig fields of the seat's speculative decoding."""
-        return {
-            "speculative": self.speculative,
-            "num_speculative_tokens": self.num_speculative_tokens,
-            "draft_model": self.draft_model,
-        }
 
     def __post_init__(self) -> None:
         checks = {
@@ -105,29 +88,12 @@ class SeatSettings:
             "drain_timeout": self.drain_timeout_s >= 0,
             "default_max_tokens": self.default_max_tokens >= 1,
             "max_body_bytes": self.max_body_bytes >= 1024,
-            "num_kv_blocks": self.num_kv_blocks >= 1,
             "budget_mb": self.budget_mb is None or self.budget_mb > 0,
-            "quantize": self.quantize in QUANTIZE_MODES,
-            "activations": self.activations in ACTIVATION_MODES,
-            "kv_cache_dtype": _pairs(self.kv_cache_dtype, self.dtype),
             "faults": all(f in SEAT_FAULTS for f in self.faults),
             "cors_origins": all(o == "*" or o.startswith(("http://", "https://")) for o in self.cors_origins),
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise InvalidRequestError(f"invalid seat setting(s): {', '.join(bad)}")
-        SpecConfig(self.speculative, self.num_speculative_tokens, self.draft_model)  # checks them
         if not self.models and self.registry is None:
             raise InvalidRequestError("the seat needs at least one --model or a --registry")
-
-
-def _pairs(kv_cache_dtype: str, dtype: str) -> bool:
-    """Whether a KV cache of ``kv_cache_dtype`` may serve a model of ``dtype`` (engine/config.py's rule;
-    an unknown ``dtype`` is reported as itself, not here)."""
-    if dtype not in DTYPES:
-        return True
-    try:
-        kv_cache_dtype_for(kv_cache_dtype, DTYPES[dtype], holds_quantized=False)
-    except InvalidRequestError:
-        return False
-    return True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -288,11 +289,15 @@ def test_a_draft_model_s_memory_is_in_its_target_s_footprint(draft: str) -> None
     bytes equal what the running draft proposer holds."""
     from engine.mux.footprint import footprint_of_spec
     from engine.mux.registry import ModelSpec
-    from engine.spec.footprint import footprint_with_draft
+    from engine.settings import EngineSettings
 
-    spec = ModelSpec(id=1, name="tiny", source="tiny", num_kv_blocks=32)
-    llm = LLM("tiny", num_kv_blocks=32, speculative="draft", draft_model=draft)
+    settings = EngineSettings(num_kv_blocks=32, speculative="draft", draft_model=draft)
+    spec = ModelSpec(id=1, name="tiny", source="tiny", engine=settings)
+    plain = dataclasses.replace(
+        spec, engine=dataclasses.replace(settings, speculative=None, draft_model=None)
+    )
+    llm = LLM("tiny", **settings.as_fields())
     held = llm.engine._proposer.weight_bytes  # type: ignore[union-attr]
-    with_draft = footprint_with_draft(spec, draft)
+    with_draft = footprint_of_spec(spec)
     assert with_draft.draft_bytes == held > 0
-    assert with_draft.total_bytes == footprint_of_spec(spec).total_bytes + held
+    assert with_draft.total_bytes == footprint_of_spec(plain).total_bytes + held

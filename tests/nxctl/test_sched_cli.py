@@ -129,8 +129,11 @@ def test_one_request_and_no_json_writes_nothing(tmp_path: Path, monkeypatch: pyt
         (["--tenants", "2", "--tenant-weights", "1"], "--tenant-weights"),
         (["--input-len", "1020:1022"], "context"),
         (["--dtype", "int3"], "unsupported dtype"),
-        (["--activations", "fp8"], "--activations must be one of float, int16, int8"),
-        (["--compare-activations", "fp8"], "--compare-activations must be one of float, int16, int8"),
+        (["--activations", "fp8"], "unsupported activations 'fp8'; choose one of float, int16, int8"),
+        (
+            ["--compare-activations", "fp8"],
+            "unsupported --compare-activations 'fp8'; choose one of float, int16",
+        ),
         (["--compare-activations", "mixed"], "is the run's own activations"),
         (["--compare-activations", "float", "--compare-dtype", "bfloat16"], "choose one comparison"),
         (["--compare-activations", "float"], "holds no quantized weights"),  # tiny is float32

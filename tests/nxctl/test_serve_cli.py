@@ -15,6 +15,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from engine.settings import EngineSettings
 from nxctl.commands import serve as serve_cmd
 from nxctl.server.dlq import DeadLetterStore
 from nxctl.server.uvicorn_seat import free_socket
@@ -64,7 +65,76 @@ def test_bad_options_are_one_clear_line() -> None:
     assert result.exit_code == 2 and "needs a draft model" in result.output
     for kv in (["--kv-cache-dtype", "fp8"], ["--dtype", "bfloat16", "--kv-cache-dtype", "float16"]):
         result = runner.invoke(make_app(), ["serve", "--model", "tiny", *kv])
-        assert result.exit_code == 2 and "invalid seat setting(s): kv_cache_dtype" in result.output
+        assert (
+            result.exit_code == 2 and "nxctl: error: " in result.output and "kv_cache_dtype" in result.output
+        )
+
+
+REGISTRY = """
+[defaults]
+num_kv_blocks = 48
+
+[[model]]
+id = 0
+name = "own"
+source = "tiny"
+dtype = "float32"
+kv_cache_dtype = "float32"
+
+[[model]]
+id = 1
+name = "bare"
+source = "tiny"
+"""
+
+
+def test_engine_flags_fill_what_a_registry_leaves_unset(tmp_path: Path, monkeypatch) -> None:
+    """serve --registry with engine flags: each entry's own settings win, then the file's [defaults],
+    then the flags (no longer silently dropped), then the built-in defaults."""
+    from nxctl.server.models import seat_registry
+
+    path = tmp_path / "r.toml"
+    path.write_text(REGISTRY)
+    seen = []
+    monkeypatch.setattr(serve_cmd, "run_seat", lambda settings, threads: seen.append(settings))
+    args = [
+        "serve",
+        "--registry",
+        str(path),
+        "--dtype",
+        "bfloat16",
+        "--num-kv-blocks",
+        "8",
+        "--block-size",
+        "32",
+    ]
+    result = runner.invoke(make_app(), args)
+    assert result.exit_code == 0, result.output
+    registry = seat_registry(seen[0].models, seen[0].registry, seen[0].engine)
+    own, bare = (registry.resolve(name).engine for name in ("own", "bare"))
+    assert (own.dtype, own.kv_cache_dtype, own.num_kv_blocks, own.block_size) == (
+        "float32",
+        "float32",
+        48,
+        32,
+    )
+    assert (bare.dtype, bare.kv_cache_dtype, bare.num_kv_blocks, bare.block_size) == (
+        "bfloat16",
+        "auto",
+        48,
+        32,
+    )
+    assert seat_registry((), path).resolve("bare").engine == EngineSettings(num_kv_blocks=48)
+
+
+def test_a_flag_that_cannot_pair_with_an_entry_is_one_line(tmp_path: Path) -> None:
+    """--kv-cache-dtype float16 under an entry that sets dtype bfloat16: the registry's error names it."""
+    from nxctl.server.models import seat_registry
+
+    path = tmp_path / "r.toml"
+    path.write_text(REGISTRY.replace('dtype = "float32"\nkv_cache_dtype = "float32"', 'dtype = "bfloat16"'))
+    with pytest.raises(Exception, match="model 'own'.*kv_cache_dtype float16"):
+        seat_registry((), path, EngineSettings(kv_cache_dtype="float16"))
 
 
 def test_a_busy_port_is_a_clear_error() -> None:

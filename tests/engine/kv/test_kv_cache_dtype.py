@@ -12,8 +12,9 @@ from engine.errors import InvalidRequestError
 from engine.llm_engine import Engine
 from engine.loader import LoadedModel
 from engine.mux.footprint import footprint_of_spec
-from engine.mux.registry import ModelSpec, RegistryError
+from engine.mux.registry import ModelSpec, RegistryError, parse_registry
 from engine.sampling_params import SamplingParams
+from engine.settings import EngineSettings
 
 
 def test_auto_is_float16_under_quantized_weights_and_the_model_dtype_on_the_float_path(
@@ -39,8 +40,10 @@ def test_the_rule_and_its_refusals():
                 {"dtype": "float16", "kv_cache_dtype": "float32"}):  # fmt: skip
         with pytest.raises(InvalidRequestError, match="kv_cache_dtype"):
             EngineConfig(**bad)
+    with pytest.raises(InvalidRequestError, match="kv_cache_dtype"):
+        EngineSettings(kv_cache_dtype="q8_0")
     with pytest.raises(RegistryError, match="kv_cache_dtype"):
-        ModelSpec(0, "t", source="tiny", kv_cache_dtype="q8_0")
+        parse_registry({"model": [{"id": 0, "name": "t", "source": "tiny", "kv_cache_dtype": "q8_0"}]})
 
 
 @pytest.mark.parametrize(
@@ -48,9 +51,8 @@ def test_the_rule_and_its_refusals():
 )
 def test_footprints_count_the_pool_the_engine_allocates(tiny_loaded: LoadedModel, quantize: str, kv: str):
     engine = Engine(tiny_loaded, EngineConfig(quantize=quantize, kv_cache_dtype=kv, num_kv_blocks=8))
-    spec = ModelSpec(
-        0, "t", source="tiny", quantize=quantize, kv_cache_dtype=kv, num_kv_blocks=8, activation_bytes=0
-    )
+    settings = EngineSettings(quantize=quantize, kv_cache_dtype=kv, num_kv_blocks=8)
+    spec = ModelSpec(0, "t", source="tiny", engine=settings, activation_bytes=0)
     assert footprint_of_spec(spec).kv_bytes == engine.snapshot().kv_bytes
 
 

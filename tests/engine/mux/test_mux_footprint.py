@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
-from engine.config import DTYPES
 from engine.errors import InvalidRequestError, UnknownModelError
 from engine.loader import load_config
 from engine.mux.footprint import Footprint, footprint_from_config, footprint_of, footprint_of_spec
 from engine.mux.planner import plan_capacity
-from engine.mux.registry import DTYPE_BYTES, MB, ModelSpec, Registry
-
-
-def test_dtype_table_agrees_with_the_engine() -> None:
-    assert DTYPE_BYTES == {name: torch.empty((), dtype=dt).element_size() for name, dt in DTYPES.items()}
+from engine.mux.registry import MB, ModelSpec, Registry
+from engine.settings import EngineSettings
 
 
 def test_tiny_footprint_by_hand() -> None:
@@ -48,7 +43,8 @@ def test_smollm2_footprint_in_bfloat16() -> None:
 
 def test_footprint_matches_a_loaded_engine(tiny_llm) -> None:
     engine = tiny_llm.engine
-    spec = ModelSpec(0, "t", source="tiny", num_kv_blocks=engine.config.num_kv_blocks, activation_bytes=0)
+    settings = EngineSettings(num_kv_blocks=engine.config.num_kv_blocks)
+    spec = ModelSpec(0, "t", source="tiny", engine=settings, activation_bytes=0)
     f = footprint_of_spec(spec)
     snap = engine.snapshot()
     assert f.weight_bytes == snap.weight_bytes
@@ -78,7 +74,8 @@ def test_footprint_input_errors() -> None:
 
 
 def test_registry_sizes_of_real_models_are_computed() -> None:
-    registry = Registry((ModelSpec(0, "t", source="tiny", num_kv_blocks=8, activation_bytes=0),))
+    spec = ModelSpec(0, "t", source="tiny", engine=EngineSettings(num_kv_blocks=8), activation_bytes=0)
+    registry = Registry((spec,))
     assert registry.size_bytes(0) == 139_584 * 4 + 8 * 8192
 
 

@@ -20,6 +20,7 @@ from engine.loader import LoadedModel
 from engine.mux.pool import ModelPool, load_llm
 from engine.mux.records import UnloadRecord
 from engine.mux.registry import MB, ModelSpec, Registry
+from engine.settings import EngineSettings
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -27,7 +28,9 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 def registry(*entries: tuple[int, str, str, int], dtype: str = "float32") -> Registry:
     """(id, name, source, num_kv_blocks) entries with a 16 MB activation allowance."""
     specs = (
-        ModelSpec(i, n, source=s, num_kv_blocks=b, dtype=dtype, activation_bytes=16 * MB)
+        ModelSpec(
+            i, n, source=s, engine=EngineSettings(dtype=dtype, num_kv_blocks=b), activation_bytes=16 * MB
+        )
         for i, n, s, b in entries
     )
     return Registry(tuple(specs))
@@ -101,13 +104,7 @@ def test_tiny_and_smollm2_load_evict_and_give_memory_back(
     cached = {"tiny": tiny_loaded, "smollm2": smollm2_loaded}
 
     def load(spec: ModelSpec) -> Engine:
-        config = EngineConfig(
-            dtype=spec.dtype,
-            quantize=spec.quantize,
-            device=DEVICE,
-            num_kv_blocks=spec.num_kv_blocks,
-            block_size=spec.block_size,
-        )
+        config = EngineConfig(device=DEVICE, **spec.engine.as_fields())
         return Engine(cached[spec.source], config)
 
     reg = registry((0, "tiny", "tiny", 4096), (1, "smollm2", "smollm2", 128), dtype="bfloat16")
@@ -133,7 +130,7 @@ def _blob_loader(calls: list[str], delay: float = 0.0):
     def load(spec: ModelSpec) -> torch.Tensor:
         calls.append(spec.name)
         time.sleep(delay)
-        return torch.ones(spec.num_kv_blocks * 1024, dtype=torch.uint8)
+        return torch.ones(spec.engine.num_kv_blocks * 1024, dtype=torch.uint8)
 
     return load
 

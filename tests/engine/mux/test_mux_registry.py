@@ -17,6 +17,7 @@ from engine.mux.registry import (
     load_registry,
     parse_registry,
 )
+from engine.settings import EngineSettings
 
 DEMO_SIZES_MB = {0: 10900, 1: 3000, 2: 6000, 3: 20000, 4: 4000, 5: 4000, 6: 4000}
 
@@ -88,9 +89,11 @@ def test_parse_defaults_pinned_and_engine_settings(tmp_path: Path) -> None:
     )
     registry = load_registry(path)
     a, b = registry.get(3), registry.get(9)
-    assert a.size_bytes == int(1.5 * MB) and a.pinned and a.decode_tok_s == 10.0 and a.dtype == "bfloat16"
-    assert b.source == "tiny" and b.num_kv_blocks == 32 and b.activation_bytes == 0 and not b.pinned
-    assert (a.activations, b.activations) == ("int8", "float")  # inherited, then overridden
+    assert (
+        a.size_bytes == int(1.5 * MB) and a.pinned and a.decode_tok_s == 10.0 and a.engine.dtype == "bfloat16"
+    )
+    assert b.source == "tiny" and b.engine.num_kv_blocks == 32 and b.activation_bytes == 0 and not b.pinned
+    assert (a.engine.activations, b.engine.activations) == ("int8", "float")  # inherited, then overridden
     assert registry.pinned() == frozenset({3})
 
 
@@ -122,10 +125,13 @@ def test_relative_source_is_taken_beside_the_registry(tmp_path: Path) -> None:
         ('[[model]]\nid = 0\nname = "a"\nsize_mb = 5\nsize_gb = 1', "unknown key\\(s\\) size_gb"),
         ('[[model]]\nid = 0\nname = "a"\nsize_mb = 5\npinned = "yes"', "pinned has the wrong type"),
         ('[[model]]\nid = 0\nname = "a"\nsize_mb = 5\ndecode_tok_s = 0', "decode_tok_s must be a positive"),
-        ('[[model]]\nid = 0\nname = "a"\nsize_mb = 5\ndtype = "int4"', "dtype 'int4' is not one of"),
+        (
+            '[[model]]\nid = 0\nname = "a"\nsize_mb = 5\ndtype = "int4"',
+            "model 'a': unsupported dtype 'int4'; choose one of",
+        ),
         (
             '[[model]]\nid = 0\nname = "a"\nsize_mb = 5\nactivations = "fp8"',
-            "activations 'fp8' is not one of",
+            "model 'a': unsupported activations 'fp8'; choose one of",
         ),
         (
             '[[model]]\nid = 0\nname = "a"\nsize_mb = 5\n[[model]]\nid = 0\nname = "b"\nsize_mb = 5',
@@ -158,8 +164,8 @@ def test_missing_registry_file(tmp_path: Path) -> None:
 def test_model_spec_invariants() -> None:
     with pytest.raises(RegistryError):
         ModelSpec(0, "a")
-    with pytest.raises(RegistryError):
-        ModelSpec(0, "a", size_bytes=MB, block_size=0)
+    with pytest.raises(InvalidRequestError, match="block_size"):
+        ModelSpec(0, "a", size_bytes=MB, engine=EngineSettings(block_size=0))
     spec = ModelSpec(0, "a", size_bytes=MB)
     assert spec.decode_tok_s == DEFAULT_DECODE_TOK_S and spec.declared
 

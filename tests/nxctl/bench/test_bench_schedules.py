@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.config import EngineConfig
+from engine.settings import EngineSettings
 from engine.workload import LengthRange, WorkloadSpec, make_workload
 from nxctl.bench.bench_run import BenchResult, run_bench
 from nxctl.bench.options import BenchOptions
@@ -106,7 +107,7 @@ def test_activations_named_only_where_weights_were_held_quantized(quantized: boo
     float checkpoint) must not claim integer activations in its title or its peak footer."""
     from nxctl.bench.report import footer, title
 
-    opts = BenchOptions(activations="int16", quantize="auto" if quantized else "none")
+    opts = BenchOptions(engine=EngineSettings(activations="int16", quantize="auto" if quantized else "none"))
     runs = {"cb_invariant": [{"output_throughput": 2.0}]}
     result = BenchResult(opts, "cpu", runs, {"float32": 1.0}, 1, quantized_weights=quantized)
     said = title(result) + "\n" + "\n".join(footer(result))

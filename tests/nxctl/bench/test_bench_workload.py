@@ -7,6 +7,7 @@ import math
 import pytest
 
 from engine.errors import InvalidRequestError
+from engine.settings import EngineSettings
 from engine.workload import LengthRange, WorkloadSpec, make_workload, parse_weights
 from nxctl.bench.options import BenchOptions
 
@@ -90,7 +91,9 @@ def test_schedule_selection() -> None:
     assert BenchOptions(peers=("hf", "ct2")).peer == "hf,ct2" and BenchOptions().peer is None
     prefix = BenchOptions(workload=WorkloadSpec(shared_prefix=8))
     assert "cb_nocache" in prefix.selected()
-    both = BenchOptions(dtype="bfloat16", compare_dtype="float32", schedules=("static", "cb_invariant"))
+    both = BenchOptions(
+        engine=EngineSettings(dtype="bfloat16"), compare_dtype="float32", schedules=("static", "cb_invariant")
+    )
     assert both.selected() == ("cb_invariant", "cb_invariant_f32", "static")
     acts = BenchOptions(compare_activations="float", schedules=("cb_invariant", "single"))
     assert acts.selected() == ("cb_invariant", "cb_invariant_float_activations", "single")
@@ -102,7 +105,7 @@ def test_schedule_selection() -> None:
         {"peers": ("hf", "hf")},
         {"schedules": ("vllm_f32",), "peers": ("hf",)},
         {"repeat": 0},
-        {"dtype": "float32", "compare_dtype": "float32"},
+        {"engine": EngineSettings(dtype="float32"), "compare_dtype": "float32"},
         {"compare_activations": "mixed"},  # the default activations: nothing to compare
         {"compare_activations": "fp8"},
         {"compare_activations": "float", "compare_dtype": "bfloat16"},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -30,10 +31,7 @@ def test_chat_reports_errors_and_goes_on(seat) -> None:
     assert [m["content"] for m in history if m["role"] == "user"] == ["again"]
 
 
-def test_chat_starts_an_in_process_seat_when_none_answers() -> None:
-    sock = free_socket()
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    sock.close()  # nothing listens there
+def _app() -> typer.Typer:
     app = typer.Typer(add_completion=False)
     app.command("chat")(chat_cmd.chat)
 
@@ -41,10 +39,30 @@ def test_chat_starts_an_in_process_seat_when_none_answers() -> None:
     def _root() -> None:
         """nxctl (test harness)."""
 
-    result = CliRunner().invoke(
-        app,
-        ["chat", "--model", "tiny", "--url", url, "--temperature", "0", "--max-tokens", "4"],
-        input="hi\n/bye\n",
-    )
+    return app
+
+
+def _silent_url() -> str:
+    sock = free_socket()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()  # nothing listens there
+    return url
+
+
+@pytest.mark.parametrize("named", [["--model", "tiny"], ["tiny"]], ids=["option", "argument"])
+def test_chat_starts_an_in_process_seat_when_none_answers(named: list[str]) -> None:
+    """The model as -m or as an argument (as `nxctl run` and `ollama run` take it); the engine options
+    reach the in-process seat."""
+    args = ["chat", *named, "--url", _silent_url(), "--temperature", "0", "--max-tokens", "4"]
+    result = CliRunner().invoke(_app(), [*args, "--num-kv-blocks", "24"], input="hi\n/bye\n")
     assert result.exit_code == 0, result.output
     assert "loading tiny in-process" in result.output and result.output.strip()
+
+
+def test_chat_refuses_two_models_and_engine_options_for_a_running_seat(seat) -> None:
+    result = CliRunner().invoke(_app(), ["chat", "tiny", "-m", "smollm2", "--url", _silent_url()])
+    assert result.exit_code == 2 and "two models named" in result.stderr
+    result = CliRunner().invoke(
+        _app(), ["chat", "tiny", "--url", seat.url, "--dtype", "float32"], input="/bye\n"
+    )
+    assert result.exit_code == 2 and "drop --dtype" in result.stderr

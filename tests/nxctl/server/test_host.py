@@ -11,6 +11,7 @@ from engine.errors import CapacityError, ModelFileError, ShuttingDownError, Unkn
 from engine.loader.sources import FIXTURES
 from engine.mux.footprint import footprint_of_spec
 from engine.mux.registry import ModelSpec, Registry
+from engine.settings import EngineSettings
 from nxctl.server.host import ModelHost, SeatModel
 
 TINY = str(FIXTURES / "tiny")
@@ -52,7 +53,10 @@ class Clock:
 
 def registry(*names: str) -> Registry:
     return Registry(
-        tuple(ModelSpec(id=i, name=n, source=TINY, num_kv_blocks=16) for i, n in enumerate(names))
+        tuple(
+            ModelSpec(id=i, name=n, source=TINY, engine=EngineSettings(num_kv_blocks=16))
+            for i, n in enumerate(names)
+        )
     )
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from engine.loader import gguf_file
 from engine.mux.registry import ModelSpec
+from engine.settings import EngineSettings
 from nxctl.server.app import create_app
 from nxctl.server.model_info import model_info
 from nxctl.server.settings import SeatSettings
@@ -33,10 +34,13 @@ def test_a_gguf_reports_its_file_type(file: str, level: str) -> None:
 def test_a_float_model_reports_the_dtype_it_is_held_in(small_gguf: Path) -> None:
     for dtype, level in [("float32", "F32"), ("bfloat16", "BF16"), ("float16", "F16")]:
         assert (
-            model_info(ModelSpec(id=0, name="tiny", source="tiny", dtype=dtype)).quantization_level == level
+            model_info(
+                ModelSpec(id=0, name="tiny", source="tiny", engine=EngineSettings(dtype=dtype))
+            ).quantization_level
+            == level
         )
     # a float32 GGUF is F32 whatever dtype it is held in (Ollama reports the file)
-    spec = ModelSpec(id=0, name="f32", source=str(small_gguf), dtype="bfloat16")
+    spec = ModelSpec(id=0, name="f32", source=str(small_gguf), engine=EngineSettings(dtype="bfloat16"))
     assert model_info(spec).quantization_level == "F32"
 
 
@@ -68,7 +72,9 @@ def _levels(client: ollama.Client, tag: str) -> list[str | None]:
 def test_show_tags_and_ps_report_a_gguf_s_file_type(
     tmp_path: Path, tiny_settings: Callable[..., SeatSettings]
 ) -> None:
-    settings = tiny_settings(tmp_path, models=("tiny", str(GGUFS / "llama-q4_k_m.gguf")), num_kv_blocks=32)
+    settings = tiny_settings(
+        tmp_path, models=("tiny", str(GGUFS / "llama-q4_k_m.gguf")), engine=EngineSettings(num_kv_blocks=32)
+    )
     with BackgroundSeat(create_app(settings)) as url:
         client = ollama.Client(host=url)
         assert _levels(client, "llama-q4_k_m:latest") == ["Q4_K_M"] * 3

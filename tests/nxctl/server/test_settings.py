@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import InvalidRequestError
+from engine.settings import EngineSettings
 from nxctl.server.settings import SeatSettings, parse_duration
 
 
@@ -42,7 +43,7 @@ def test_invalid_settings_are_named() -> None:
     with pytest.raises(InvalidRequestError, match="--model or a --registry"):
         SeatSettings(models=())
     with pytest.raises(InvalidRequestError, match="activations"):
-        SeatSettings(activations="fp8")
+        SeatSettings(engine=EngineSettings(activations="fp8"))
 
 
 def test_the_seat_s_activations_reach_its_engines(tmp_path) -> None:
@@ -52,7 +53,7 @@ def test_the_seat_s_activations_reach_its_engines(tmp_path) -> None:
     from nxctl.server.uvicorn_seat import BackgroundSeat
     from tests.nxctl.server.conftest import make_settings
 
-    app = create_app(make_settings(tmp_path, quantize="int8", activations="int8"))
+    app = create_app(make_settings(tmp_path, engine=EngineSettings(quantize="int8", activations="int8")))
     with BackgroundSeat(app) as url:
         import openai
 

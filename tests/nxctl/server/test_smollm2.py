@@ -9,6 +9,7 @@ import ollama
 import openai
 import pytest
 
+from engine.settings import EngineSettings
 from nxctl.server.app import create_app
 from nxctl.server.settings import SeatSettings
 from nxctl.server.uvicorn_seat import BackgroundSeat
@@ -19,7 +20,10 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.mark.smollm2
 def test_both_clients_hear_paris_from_smollm2(tmp_path: Path) -> None:
     settings = SeatSettings(
-        models=("smollm2",), num_kv_blocks=64, dlq_path=tmp_path / "d.sqlite", log_requests=False
+        models=("smollm2",),
+        engine=EngineSettings(num_kv_blocks=64),
+        dlq_path=tmp_path / "d.sqlite",
+        log_requests=False,
     )
     with BackgroundSeat(create_app(settings)) as url:
         oa = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)

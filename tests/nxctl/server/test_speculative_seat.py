@@ -11,8 +11,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.errors import InvalidRequestError
+from engine.settings import EngineSettings
 from nxctl.server.app import create_app
-from nxctl.server.settings import SeatSettings
 from nxctl.server.uvicorn_seat import BackgroundSeat
 from tests.nxctl.server.conftest import make_settings
 
@@ -51,9 +51,8 @@ def test_a_speculating_seat_answers_as_the_plain_seat(tmp_path: Path) -> None:
     plain = create_app(make_settings(tmp_path / "plain"))
     with BackgroundSeat(plain) as url:
         want = _answers(url)
-    settings = make_settings(
-        tmp_path / "spec", speculative="draft", draft_model="layers:1", num_speculative_tokens=4
-    )
+    speculation = EngineSettings(speculative="draft", draft_model="layers:1", num_speculative_tokens=4)
+    settings = make_settings(tmp_path / "spec", engine=speculation)
     with BackgroundSeat(create_app(settings)) as url:
         assert _answers(url) == want
         got = _spec_samples(url)
@@ -71,6 +70,4 @@ def test_a_speculating_seat_answers_as_the_plain_seat(tmp_path: Path) -> None:
 
 def test_bad_speculative_settings_fail_before_the_seat_starts(tmp_path: Path) -> None:
     with pytest.raises(InvalidRequestError, match="num_speculative_tokens"):
-        SeatSettings(
-            models=("tiny",), dlq_path=tmp_path / "d.sqlite", speculative="ngram", num_speculative_tokens=99
-        )
+        EngineSettings(speculative="ngram", num_speculative_tokens=99)

@@ -16,6 +16,8 @@ import openai
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine.settings import EngineSettings
+
 
 class Address(BaseModel):
     model_config = ConfigDict(extra="forbid")  # additionalProperties: false (else extra keys are allowed)
@@ -212,7 +214,10 @@ def test_smollm2_parse_gives_a_parsed_object_on_50_prompts(tmp_path):
 
     places = ["France", "Japan", "Brazil", "Kenya", "Canada", "India", "Peru", "Norway", "Egypt", "Chile"]
     settings = SeatSettings(
-        models=("smollm2",), num_kv_blocks=256, dlq_path=tmp_path / "d.sqlite", log_requests=False
+        models=("smollm2",),
+        engine=EngineSettings(num_kv_blocks=256),
+        dlq_path=tmp_path / "d.sqlite",
+        log_requests=False,
     )
     with BackgroundSeat(create_app(settings)) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)

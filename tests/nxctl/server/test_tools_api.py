@@ -14,6 +14,7 @@ import openai
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine.settings import EngineSettings
 from nxctl.server.app import create_app
 from nxctl.server.settings import SeatSettings
 from nxctl.server.uvicorn_seat import BackgroundSeat
@@ -237,7 +238,10 @@ def test_smollm2_calls_a_python_function_through_the_ollama_client(tmp_path: Pat
     """A real model decides to call: after one call and its result in the conversation, asked about
     another city it calls the tool again (greedy), through the official ollama client, streamed too."""
     settings = SeatSettings(
-        models=("smollm2",), num_kv_blocks=64, dlq_path=tmp_path / "d.sqlite", log_requests=False
+        models=("smollm2",),
+        engine=EngineSettings(num_kv_blocks=64),
+        dlq_path=tmp_path / "d.sqlite",
+        log_requests=False,
     )
     history = [
         {"role": "user", "content": "What is the weather in Paris?"},

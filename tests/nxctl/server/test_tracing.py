@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from engine.settings import EngineSettings
 from engine.testing import fail_requests
 from nxctl.server import timeline as timeline_module
 from nxctl.server import tracing
@@ -55,7 +56,11 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TracedSeat]:
     lease = CoreLease()
     tmp = tmp_path_factory.mktemp("traced")
     settings = SeatSettings(
-        models=("tiny",), dlq_path=tmp / "dlq.sqlite", log_requests=False, keep_alive_s=None, num_kv_blocks=12
+        models=("tiny",),
+        dlq_path=tmp / "dlq.sqlite",
+        log_requests=False,
+        keep_alive_s=None,
+        engine=EngineSettings(num_kv_blocks=12),
     )
     app = create_app(settings, loader=make_loader("cpu", lease), preload=False, tracer_provider=provider)
     with BackgroundSeat(app) as url:

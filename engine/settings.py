@@ -1,0 +1,156 @@
+"""EngineSettings: the engine settings a user picks per model, declared once, checked once, torch-free.
+
+Everything that names these settings reads them from here: ``EngineConfig`` extends this record with the
+engine's own knobs (device, batch sizes, prefill chunk, ...); a mux registry entry (``ModelSpec.engine``),
+the seat (``SeatSettings.engine``) and the bench (``BenchOptions.engine``) each carry one; the command
+line's options for serve, run, chat and sched bench are made from its fields (nxctl/commands/
+engine_options.py), and a registry's keys are its field names. A new setting users want is one field here
+(with its ``help``), plus the engine code that reads it.
+
+Importing this module does not import torch, so ``nxctl mux plan`` and the registry stay cheap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from engine.errors import InvalidRequestError
+from engine.spec.config import DEFAULT_SPECULATIVE_TOKENS, SpecConfig
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+QUANTIZE_MODES = ("auto", "none", "int8")
+# what quantized linears multiply (float32, or int16 / int8 per 32 inputs: engine/kernels/csrc/qdot.h;
+# "mixed": int16, int8 in the prompt's context rows but for q, k, v); the README gives each mode's
+# measured agreement with the float path and why mixed is the default
+ACTIVATION_MODES = ("float", "int16", "int8", "mixed")
+DEFAULT_ACTIVATIONS = "mixed"
+KV_CACHE_DTYPES = ("auto", *DTYPE_NAMES)
+
+DTYPE_HELP = "float32, bfloat16 or float16."
+QUANTIZE_HELP = (
+    "auto: keep a GGUF's quantized weights quantized (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K); none: dequantize to "
+    "--dtype; int8: also quantize float weights to Q8_0."
+)
+ACTIVATIONS_HELP = (
+    "What quantized weights multiply on the CPU: float (the float32 inputs; outputs equal the float path's), "
+    "int16 or int8 (inputs quantized per 32 to int16 or int8, exact integer dot products: faster, a little off "
+    "the float path; int8 the fastest and the furthest), or mixed (int16, but int8 for a prompt's context rows "
+    "outside q/k/v: faster prompts)."
+)
+KV_CACHE_DTYPE_HELP = (
+    "What the KV cache holds: auto (float16 under quantized weights on the CPU, as llama.cpp's default cache; "
+    "else the model's dtype), float32, bfloat16 or float16 (the model's dtype, or float16 under float32)."
+)
+SPECULATIVE_HELP = (
+    "Speculative decoding, exact (outputs equal to the plain run's, bit for bit): ngram (prompt lookup) "
+    "or draft (a draft model, --draft-model). Off by default."
+)
+DRAFT_MODEL_HELP = (
+    "With --speculative draft: a model sharing the target's tokenizer, or layers:N (its first N layers)."
+)
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+def check_choice(name: str, value: object, choices: Iterable[str]) -> None:
+    """InvalidRequestError naming ``name`` and the choices unless ``value`` is one of them."""
+    options = tuple(choices)
+    if value not in options:
+        raise InvalidRequestError(f"unsupported {name} {value!r}; choose one of {', '.join(options)}")
+
+
+def check_kv_cache_dtype(kv_cache_dtype: str, dtype: str) -> None:
+    """The KV cache's pairing rule: "auto", the model's ``dtype``, or float16 under a float32 model (the
+    kernels read a float16 cache widened to float32, exactly). engine/config.py kv_cache_dtype resolves it."""
+    check_choice("kv_cache_dtype", kv_cache_dtype, KV_CACHE_DTYPES)
+    if kv_cache_dtype in ("auto", dtype) or (kv_cache_dtype == "float16" and dtype == "float32"):
+        return
+    raise InvalidRequestError(
+        f"kv_cache_dtype {kv_cache_dtype} needs a {kv_cache_dtype} model (or float16 under float32), not {dtype}"
+    )
+
+
+def check_positive(name: str, value: object) -> None:
+    """InvalidRequestError unless ``value`` is an integer >= 1 (a bool is not one)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidRequestError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The engine settings a user picks per model; invariants checked on construction (one message each,
+    whoever constructs it). Each field's ``help`` is its command-line help (``--field-name``).
+
+    ``quantize``: "auto" keeps a file's quantized weights quantized (GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K)
+    and float weights in ``dtype``; "none" dequantizes everything to ``dtype``; "int8" also quantizes float
+    linear weights to Q8_0 (int8 per 32 inputs, one scale each). Quantized weights run on the CPU kernels;
+    on another device they are dequantized.
+
+    ``activations``: what a quantized weight's linear multiplies on the CPU kernels: "mixed" (the default:
+    "int16", except the o, gate_up and down inputs of a prompt's context rows, its tokens before the last,
+    which only write K/V: those take int8), "int16" (inputs quantized per 32 to int16, exact integer dot
+    products, outputs a hair off the float path's), "float" (the float32 inputs: outputs equal to the
+    float path over the dequantized weight, bit for bit; slower) or "int8" (llama.cpp's route: the
+    fastest and the furthest off). Invariant in every mode; the README has each mode's measured agreement.
+
+    ``kv_cache_dtype``: what the KV pool holds: "auto" (float16 under quantized weights on the CPU kernels,
+    else ``dtype``), or a dtype by name (see ``check_kv_cache_dtype``). The pool holds ``num_kv_blocks``
+    blocks of ``block_size`` tokens, allocated up front.
+
+    ``speculative``: "ngram" | "draft" (engine/spec), None: off; ``num_speculative_tokens``: K;
+    ``draft_model``: what "draft" loads.
+    """
+
+    dtype: str = field(default="float32", metadata=_help(DTYPE_HELP))
+    quantize: str = field(default="auto", metadata=_help(QUANTIZE_HELP))
+    activations: str = field(default=DEFAULT_ACTIVATIONS, metadata=_help(ACTIVATIONS_HELP))
+    kv_cache_dtype: str = field(default="auto", metadata=_help(KV_CACHE_DTYPE_HELP))
+    num_kv_blocks: int = field(default=1024, metadata=_help("KV pool blocks per model."))
+    block_size: int = field(default=16, metadata=_help("Tokens per KV block."))
+    speculative: str | None = field(default=None, metadata=_help(SPECULATIVE_HELP))
+    num_speculative_tokens: int = field(
+        default=DEFAULT_SPECULATIVE_TOKENS, metadata=_help("K: most tokens proposed per request per step.")
+    )
+    draft_model: str | None = field(default=None, metadata=_help(DRAFT_MODEL_HELP))
+
+    def __post_init__(self) -> None:
+        check_choice("dtype", self.dtype, DTYPE_NAMES)
+        check_choice("quantize mode", self.quantize, QUANTIZE_MODES)
+        check_choice("activations", self.activations, ACTIVATION_MODES)
+        check_kv_cache_dtype(self.kv_cache_dtype, self.dtype)
+        check_positive("num_kv_blocks", self.num_kv_blocks)
+        check_positive("block_size", self.block_size)
+        SpecConfig(self.speculative, self.num_speculative_tokens, self.draft_model)  # checks them
+
+    @property
+    def speculation(self) -> SpecConfig:
+        """The speculative decoding settings (checked)."""
+        return SpecConfig(self.speculative, self.num_speculative_tokens, self.draft_model)
+
+    def as_fields(self) -> dict[str, Any]:
+        """The settings by field name (what ``EngineConfig`` / ``LLM(**...)`` take)."""
+        return {f.name: getattr(self, f.name) for f in fields(EngineSettings)}
+
+
+ENGINE_SETTING_NAMES = tuple(f.name for f in fields(EngineSettings))
+
+
+def flag_of(name: str) -> str:
+    """A setting's command-line option: num_kv_blocks -> --num-kv-blocks."""
+    return "--" + name.replace("_", "-")
+
+
+ENGINE_FLAGS = tuple(flag_of(name) for name in ENGINE_SETTING_NAMES)
+
+
+def engine_settings(values: Mapping[str, Any], base: EngineSettings | None = None) -> EngineSettings:
+    """``base`` (the defaults when None) with ``values`` over it; a key that is not a setting is an
+    InvalidRequestError naming it (pure)."""
+    unknown = sorted(set(values) - set(ENGINE_SETTING_NAMES))
+    if unknown:
+        raise InvalidRequestError(f"unknown engine setting(s): {', '.join(unknown)}")
+    return EngineSettings(**{**(base or EngineSettings()).as_fields(), **values})
