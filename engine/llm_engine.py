@@ -100,6 +100,13 @@ class Engine:
         """What the KV pool holds (EngineConfig.kv_cache_dtype resolved for this model)."""
         return self._kv.keys[0].dtype
 
+    @property
+    def context_tokens(self) -> int:
+        """The longest a request may grow, prompt and output: the model's context, or
+        ``EngineConfig.max_model_len`` where that is smaller."""
+        context = self.model_config.max_position_embeddings
+        return min(context, self.config.max_model_len or context)
+
     def add_request(
         self,
         prompt_token_ids: Seq[int],
@@ -111,15 +118,13 @@ class Engine:
         """Queue a request (mutates); raises InvalidRequestError / CapacityError for requests that can never run."""
         params = params or SamplingParams()
         ids = [int(t) for t in prompt_token_ids]
-        context = self.model_config.max_position_embeddings
+        context = self.context_tokens
         if not ids:
             raise InvalidRequestError("the prompt is empty")
         if any(t < 0 or t >= self.model_config.vocab_size for t in ids):
             raise InvalidRequestError(f"prompt token ids must be in [0, {self.model_config.vocab_size})")
         if len(ids) >= context:
-            raise InvalidRequestError(
-                f"the prompt has {len(ids)} tokens; this model's context is {context} tokens"
-            )
+            raise InvalidRequestError(f"the prompt has {len(ids)} tokens; the context is {context} tokens")
         if any(t >= self.model_config.vocab_size for t, _ in params.logit_bias):
             raise InvalidRequestError(f"logit_bias token ids must be in [0, {self.model_config.vocab_size})")
         matcher = self.grammars.matcher(params.grammar) if params.grammar is not None else None

@@ -102,7 +102,8 @@ class EngineSettings:
     blocks of ``block_size`` tokens, allocated up front.
 
     ``speculative``: "ngram" | "draft" (engine/spec), None: off; ``num_speculative_tokens``: K;
-    ``draft_model``: what "draft" loads.
+    ``draft_model``: what "draft" loads. ``max_model_len``: the longest a request may grow, prompt and
+    output (None: the model's context; a larger value is capped at it), as vLLM's option of that name.
     """
 
     dtype: str = field(default="float32", metadata=_help(DTYPE_HELP))
@@ -116,6 +117,12 @@ class EngineSettings:
         default=DEFAULT_SPECULATIVE_TOKENS, metadata=_help("K: most tokens proposed per request per step.")
     )
     draft_model: str | None = field(default=None, metadata=_help(DRAFT_MODEL_HELP))
+    max_model_len: int | None = field(
+        default=None,
+        metadata=_help(
+            "Longest a request may grow, prompt and output, in tokens (default: the model's context)."
+        ),
+    )
 
     def __post_init__(self) -> None:
         check_choice("dtype", self.dtype, DTYPE_NAMES)
@@ -125,6 +132,8 @@ class EngineSettings:
         check_positive("num_kv_blocks", self.num_kv_blocks)
         check_positive("block_size", self.block_size)
         SpecConfig(self.speculative, self.num_speculative_tokens, self.draft_model)  # checks them
+        if self.max_model_len is not None:
+            check_positive("max_model_len", self.max_model_len)
 
     @property
     def speculation(self) -> SpecConfig:

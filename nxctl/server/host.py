@@ -48,8 +48,9 @@ class SeatModel:
 
     @property
     def context_tokens(self) -> int:
-        """The longest sequence (prompt + output) this model can hold: its context, or its KV pool."""
-        return min(self.llm.model_config.max_position_embeddings, self.llm.engine.capacity_tokens)
+        """The longest sequence (prompt + output) this model can hold: its context (max_model_len), or its
+        KV pool."""
+        return min(self.llm.engine.context_tokens, self.llm.engine.capacity_tokens)
 
 
 def _stop_loop(model: SeatModel) -> None:

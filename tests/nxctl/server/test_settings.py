@@ -64,3 +64,23 @@ def test_the_seat_s_activations_reach_its_engines(tmp_path) -> None:
         assert engine.config.activations == "int8"
         formats = {lw.format for lw in engine._model.linears.values() if lw.quantized}
         assert formats and min(formats) >= 4
+
+
+def test_the_seat_s_max_model_len_bounds_each_request(tmp_path) -> None:
+    """--max-model-len 48: a request that asks past it is a 400 naming the context; one within it runs
+    and ends at it."""
+    import openai
+
+    from nxctl.server.app import create_app
+    from nxctl.server.uvicorn_seat import BackgroundSeat
+    from tests.nxctl.server.conftest import make_settings
+
+    app = create_app(make_settings(tmp_path, engine=EngineSettings(max_model_len=48, num_kv_blocks=16)))
+    with BackgroundSeat(app) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
+        with pytest.raises(openai.BadRequestError, match="48"):
+            client.completions.create(model="tiny", prompt="hello", max_tokens=100)
+        reply = client.completions.create(
+            model="tiny", prompt="hello", max_tokens=40, extra_body={"ignore_eos": True}
+        )
+        assert reply.usage is not None and reply.usage.total_tokens <= 48
