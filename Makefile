@@ -36,6 +36,7 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy engine nxctl gates
 	$(BIN)/lint-imports
+	$(BIN)/pylint --score=n engine nxctl gates tests
 
 gate: setup
 	$(BIN)/nxctl gate $(ARGS)
