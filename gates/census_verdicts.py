@@ -191,6 +191,9 @@ def _figure_item(ev: Evidence, ctx: Context) -> ItemResult:
     if ev.device is not None and bench.device != ev.device:
         detail = f"{ev.figure} measured on {bench.device}, evidence needs {ev.device}"
         return ItemResult(ev, "missing", detail, f"{remedy} on a {ev.device} machine")
+    if not bench.writes(ev.figure):
+        detail = f"{ev.figure} is not a figure the bench writes (its declared_figures)"
+        return ItemResult(ev, "missing", detail, "name a figure nxctl/bench/figures.py declares")
     value = bench.figures.get(ev.figure)
     if value is None:
         return ItemResult(ev, "missing", f"{ev.figure} absent from {bench.path}", remedy)

@@ -177,6 +177,9 @@ _PATTERN = re.compile(
 )
 
 
+DECLARED_FIGURES = _PATTERN.pattern  # the bench JSON's "declared_figures": what a reader may cite
+
+
 def is_declared(figure: str) -> bool:
     """Whether ``figure`` is a name the bench can write."""
     return _PATTERN.fullmatch(figure) is not None

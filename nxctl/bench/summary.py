@@ -18,7 +18,7 @@ from typing import Any
 
 from engine import kernels
 from nxctl.bench.bench_run import BenchResult
-from nxctl.bench.figures import RATIOS, Ratio, compare_ratio, is_declared
+from nxctl.bench.figures import DECLARED_FIGURES, RATIOS, Ratio, compare_ratio, is_declared
 
 # constants of a schedule (the same in every repeat), not measurements
 VALUE_KEYS = (
@@ -127,6 +127,7 @@ def to_json(result: BenchResult) -> dict[str, Any]:
         "agreement": result.extras,
         "memory": result.memory,
         "figures": figures,
+        "declared_figures": DECLARED_FIGURES,
         "machine": {
             "peak_gflops": result.peak_gflops,
             "read_gbps": result.read_gbps,
