@@ -3,6 +3,7 @@
 
 Importing this package does not import torch: only computing a real model's footprint or loading it does.
 
+    model_spec.py one registry entry (ModelSpec), torch-free
     registry.py   the TOML registry of models (declared sizes or real sources) and their replay rates
     footprint.py  weights + KV pool + stated activation allowance, from a model's files
     plans.py      what a policy sees (ResidencyView) and decides (Hit / Load / Wait / Refuse)

@@ -14,12 +14,13 @@ max_position_embeddings: ``context_tokens`` is the smaller of the two.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import InvalidRequestError
-from engine.mux.registry import ModelSpec
+from engine.mux.model_spec import ModelSpec
 
 if TYPE_CHECKING:
     from engine.config import ModelConfig
@@ -176,7 +177,19 @@ def footprint_of_spec(spec: ModelSpec) -> Footprint:
     )
     if engine.speculative != "draft" or not engine.draft_model:
         return footprint
-    from engine.loader import load_config
-    from engine.spec.footprint import with_draft
+    return dataclasses.replace(footprint, draft_bytes=_draft_bytes(spec, engine.draft_model))
 
-    return with_draft(footprint, spec, load_config(spec.source), engine.draft_model)
+
+def _draft_bytes(spec: ModelSpec, draft_model: str) -> int:
+    """The draft's weights, held as the target's dtype and quantize say, and its KV pool (as many
+    blocks as the target's)."""
+    from engine.loader import load_config
+    from engine.models.held_weights import held_kv_dtype, held_weight_bytes
+    from engine.spec.footprint import draft_config
+
+    assert spec.source is not None  # footprint_of_spec refused an entry without one
+    engine = spec.engine
+    draft = draft_config(draft_model, load_config(spec.source))
+    weights = held_weight_bytes(draft, engine.dtype, engine.quantize)
+    kv_dtype = held_kv_dtype(draft, engine.dtype, engine.quantize, engine.kv_cache_dtype)
+    return weights + engine.num_kv_blocks * engine.block_size * draft.kv_bytes_per_token(kv_dtype)

@@ -35,62 +35,25 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from engine.errors import InvalidRequestError, UnknownModelError
+from engine.mux.model_spec import (
+    DEFAULT_ACTIVATION_MB,
+    DEFAULT_DECODE_TOK_S,
+    DEFAULT_PREFILL_TOK_S,
+    MB,
+    ModelSpec,
+    RegistryError,
+    mb,
+)
 from engine.settings import ENGINE_SETTING_NAMES, EngineSettings, engine_settings
 
-MB = 1 << 20
-DEFAULT_PREFILL_TOK_S = 4000.0
-DEFAULT_DECODE_TOK_S = 40.0
-DEFAULT_ACTIVATION_MB = 64.0
+__all__ = ["MB", "ModelSpec", "Registry", "RegistryError", "load_registry", "mb", "parse_registry"]
+
 DEMO_REGISTRY = Path(__file__).resolve().parents[2] / "fixtures" / "mux-demo.toml"
 
 # keys an entry may set or inherit from [defaults]: the planning ones and every engine setting
 _PLANNING = ("prefill_tok_s", "decode_tok_s", "activation_mb", "pinned")
 _INHERITED = (*_PLANNING, *ENGINE_SETTING_NAMES)
 _MODEL_KEYS = frozenset(("id", "name", "size_mb", "source", *_INHERITED))
-
-
-class RegistryError(InvalidRequestError):
-    """A registry file that is missing, not TOML, or holds an invalid entry."""
-
-
-def mb(nbytes: float) -> float:
-    """Bytes -> MB (MiB)."""
-    return nbytes / MB
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """One registry entry. Exactly one of ``size_bytes`` (declared) and ``source`` (real files) is set;
-    ``engine``: the engine settings its footprint and its engine take."""
-
-    id: int
-    name: str
-    size_bytes: int | None = None
-    source: str | None = None
-    pinned: bool = False
-    prefill_tok_s: float = DEFAULT_PREFILL_TOK_S
-    decode_tok_s: float = DEFAULT_DECODE_TOK_S
-    engine: EngineSettings = field(default_factory=EngineSettings)
-    activation_bytes: int = int(DEFAULT_ACTIVATION_MB * MB)
-
-    def __post_init__(self) -> None:
-        if (self.size_bytes is None) == (self.source is None):
-            raise RegistryError(
-                f"model {self.name!r}: set exactly one of size_mb (declared) and source (files)"
-            )
-        if self.size_bytes is not None and self.size_bytes <= 0:
-            raise RegistryError(f"model {self.name!r}: size_mb must be > 0")
-        for key in ("prefill_tok_s", "decode_tok_s"):
-            value = getattr(self, key)
-            if not math.isfinite(value) or value <= 0:
-                raise RegistryError(f"model {self.name!r}: {key} must be a positive number")
-        if self.activation_bytes < 0:
-            raise RegistryError(f"model {self.name!r}: activation_mb must be >= 0")
-
-    @property
-    def declared(self) -> bool:
-        """True for a planning-only entry (a declared size, no files)."""
-        return self.source is None
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""What a draft model adds to its target's footprint: its weights as held and a KV pool of its own
-(as many blocks as the target's, engine/spec/draft.py), so a pool under a budget counts both."""
+"""A draft model's config, for the footprint of its target (engine/mux/footprint.py counts its weights
+as held and a KV pool of its own, as many blocks as the target's: engine/spec/draft.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ import dataclasses
 
 from engine.config import ModelConfig
 from engine.errors import InvalidRequestError
-from engine.mux.footprint import Footprint
-from engine.mux.registry import ModelSpec
 from engine.spec.draft import SELF_DRAFT
 
 
@@ -32,16 +30,3 @@ def draft_config(draft_model: str, target: ModelConfig) -> ModelConfig:
     from engine.loader import load_config
 
     return load_config(draft_model)
-
-
-def with_draft(footprint: Footprint, spec: ModelSpec, target: ModelConfig, draft_model: str) -> Footprint:
-    """``footprint`` of ``spec`` with the draft's weights (held as the target's dtype and quantize
-    say) and its KV pool counted in ``draft_bytes``."""
-    from engine.models.held_weights import held_kv_dtype, held_weight_bytes
-
-    draft = draft_config(draft_model, target)
-    engine = spec.engine
-    weights = held_weight_bytes(draft, engine.dtype, engine.quantize)
-    kv_dtype = held_kv_dtype(draft, engine.dtype, engine.quantize, engine.kv_cache_dtype)
-    kv = engine.num_kv_blocks * engine.block_size * draft.kv_bytes_per_token(kv_dtype)
-    return dataclasses.replace(footprint, draft_bytes=weights + kv)
