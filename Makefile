@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 
 # our fixed-order C++ kernels, built into the venv with the system compiler (portable torch path if that fails)
 $(KSTAMP): $(STAMP) $(KERNEL_SOURCES)
-	$(BIN)/python -m engine.kernels.build
+	$(BIN)/python -m engine.kernels
 	touch $(KSTAMP)
 
 test: setup

@@ -34,7 +34,7 @@ BACKENDS = ("avx512", "avx2", "generic", "portable")
 @dataclass(frozen=True)
 class Backend:
     name: str  # one of BACKENDS
-    reason: str  # why this one: shown by `python -m engine.kernels.build` and in gate TSVs
+    reason: str  # why this one: shown by `python -m engine.kernels` and in gate TSVs
     module: ModuleType | None  # the compiled module (None for portable)
 
 

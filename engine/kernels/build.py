@@ -2,7 +2,7 @@
 
 The build goes into the environment the package runs in (``<sys.prefix>/nxctl-kernels``, i.e. the
 project's .venv), not a home cache, so a clean clone really builds: ``make setup`` runs
-``python -m engine.kernels.build`` and the sources are prerequisites of its stamp. No ``-march`` flag:
+``python -m engine.kernels`` and the sources are prerequisites of its stamp. No ``-march`` flag:
 the AVX2 and AVX-512 code carries its own target attribute and is chosen at run time, the rest is portable.
 ``-ffp-contract=off`` keeps the compiler from fusing a multiply and an add in one code path and not in
 another: every fused multiply-add in the kernels is written out.
@@ -121,15 +121,3 @@ def load(verbose: bool = False) -> ModuleType:
             verbose=verbose,
         )
 
-
-def main() -> int:
-    """``python -m engine.kernels.build``: build now and say which instruction set will run."""
-    from engine import kernels
-
-    backend = kernels.backend()
-    print(f"nxctl kernels: {backend.name} ({backend.reason})")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
