@@ -1,6 +1,8 @@
 """Gate `serve`: the HTTP seat on `tiny`, checked end to end over loopback.
 
-The seat starts on a free loopback port (a registry with `tiny` and a deliberately broken model). Every
+The seat starts as a user starts it, `nxctl serve` as a process on a free loopback port (a registry with
+`tiny` and a deliberately broken model, and the documented fault `fail-request:` for the DLQ check); the
+gate imports nothing of nxctl and reads the dead letters with `nxctl dlq`. Every
 request goes through `gates.serve_probe`, a strict client that reassembles each answer and lists how
 it breaks its API's contract; the same checker judges the real run and the negative controls.
 
@@ -10,8 +12,9 @@ it breaks its API's contract; the same checker judges the real run and the negat
   seeded sampling, each sent twice) equals its solo answer, and streaming equals non-streaming;
 - serve.bad_requests_4xx: bad requests get a 4xx JSON error with a message, and the seat stays up;
 - serve.metrics: /metrics has vLLM's names, and its token and request counts equal what was served;
-- serve.dlq: a model that fails to load and an engine failure (engine.testing.fail_requests) are answered
-  5xx and kept in the dead-letter store (4xx are not); a dead letter replays;
+- serve.dlq: a model that fails to load and an engine failure (the seat's `fail-request:` fault, which
+  applies engine.testing.fail_requests) are answered 5xx and kept in the dead-letter store (4xx are
+  not); a dead letter replays;
 - serve.neg.corrupted_chunk: a proxy (gates.fault_proxy) corrupts one streamed chunk; the checker
   must see it;
 - serve.neg.dropped_request: the proxy drops one of several concurrent requests; the checker must see it.
@@ -32,12 +35,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine.loader.sources import FIXTURES
 from gates.framework import Gate, GateRun
+from gates.seat_process import dead_letters, replay, seat_process
 from gates.serve_negatives import neg_corrupted, neg_dropped
 from gates.serve_probe import Answer, Ask, ask, compare
-from nxctl.server.app import create_app
-from nxctl.server.dlq import DeadLetterStore, replay_letter
-from nxctl.server.settings import SeatSettings
-from nxctl.server.uvicorn_seat import BackgroundSeat
 
 CHECKS = (
     "serve.openai_schema",
@@ -50,6 +50,7 @@ CHECKS = (
     "serve.neg.dropped_request",
 )
 MODEL = "tiny"
+FAILING_REQUEST = "gate-fail"  # its engine request, gate-fail-0, fails when it samples (the seat's fault)
 PROMPTS = ("Hello there", "Name three colours.", "Count to five", "Why is the sky blue?")
 METRIC_NAMES = (
     "vllm:num_requests_running",
@@ -148,16 +149,10 @@ def _registry(root: Path) -> Path:
 def _body(run: GateRun) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        settings = SeatSettings(
-            models=(MODEL,),
-            registry=_registry(root),
-            dlq_path=root / "dlq.sqlite",
-            keep_alive_s=None,
-            log_requests=False,
-        )
-        app = create_app(settings)
-        with BackgroundSeat(app) as url:
-            asyncio.run(_checks(run, app, url, root / "dlq.sqlite"))
+        dlq = root / "dlq.sqlite"
+        args = ["--registry", str(_registry(root)), "--model", MODEL, "--dlq", str(dlq), "--keep-alive", "-1"]
+        with seat_process([*args, "--fault", f"fail-request:{FAILING_REQUEST}-0"]) as url:
+            asyncio.run(_checks(run, url, dlq))
 
 
 async def _guard(run: GateRun, check_id: str, step: Callable[[], Awaitable[None]]) -> None:
@@ -167,16 +162,24 @@ async def _guard(run: GateRun, check_id: str, step: Callable[[], Awaitable[None]
         run.error(check_id, exc)
 
 
-async def _checks(run: GateRun, app: Any, url: str, dlq_path: Path) -> None:
+async def _max_batch(client: httpx.AsyncClient) -> int:
+    """The most requests one engine step has advanced so far (the seat's nxctl:max_requests_in_step)."""
+    for family in text_string_to_metric_families((await client.get("/metrics")).text):
+        for s in family.samples:
+            if s.name == "nxctl:max_requests_in_step" and s.labels.get("model_name") == MODEL:
+                return int(s.value)
+    raise RuntimeError("/metrics has no nxctl:max_requests_in_step for the model")
+
+
+async def _checks(run: GateRun, url: str, dlq_path: Path) -> None:
     asks = _asks()
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=120) as client:
-        engine = app.state.seat.host.loaded(MODEL).llm.engine
         solo = {a.key: await ask(client, a) for a in asks}
-        solo_batch = engine.counters.max_requests_in_step
+        solo_batch = await _max_batch(client)
         sent = [a for a in asks for _ in range(2)]
         together = await asyncio.gather(*(ask(client, a) for a in sent))
-        batches = (solo_batch, engine.counters.max_requests_in_step)
+        batches = (solo_batch, await _max_batch(client))
         extras: dict[str, Any] = {}
         await _guard(
             run, "serve.openai_schema", lambda: _schema(run, "openai", client, solo, together, extras)
@@ -192,7 +195,7 @@ async def _checks(run: GateRun, app: Any, url: str, dlq_path: Path) -> None:
         await _guard(run, "serve.bad_requests_4xx", lambda: _bad_requests(run, client))
         answers = [*solo.values(), *together]
         await _guard(run, "serve.metrics", lambda: _metrics(run, client, answers, extras))
-        await _guard(run, "serve.dlq", lambda: _dlq(run, client, app, url, dlq_path))
+        await _guard(run, "serve.dlq", lambda: _dlq(run, client, url, dlq_path))
     port = int(url.rsplit(":", 1)[1])
     await _guard(run, "serve.neg.corrupted_chunk", lambda: neg_corrupted(run, port, asks, solo))
     await _guard(run, "serve.neg.dropped_request", lambda: neg_dropped(run, port, asks, solo))
@@ -341,32 +344,27 @@ async def _metrics(run: GateRun, client: httpx.AsyncClient, answers: list[Answer
     )
 
 
-async def _dlq(run: GateRun, client: httpx.AsyncClient, app: Any, url: str, dlq_path: Path) -> None:
-    from engine.testing import fail_requests
-
-    store = DeadLetterStore(dlq_path)
-    before = store.count()  # the bad requests (4xx) of the check before must not be here
+async def _dlq(run: GateRun, client: httpx.AsyncClient, url: str, dlq_path: Path) -> None:
+    before = len(await asyncio.to_thread(dead_letters, dlq_path))  # the bad requests (4xx) must not be here
     broken = await client.post(
         "/api/chat", json={"model": "broken", "messages": [{"role": "user", "content": "x"}]}
     )
-    engine = app.state.seat.host.loaded(MODEL).llm.engine
-    with fail_requests(engine, "gate-fail-0"):
-        body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
-        failed = await client.post("/v1/chat/completions", json=body, headers={"X-Request-Id": "gate-fail"})
-    letters = store.list()
-    by_model = {letter.model: letter for letter in letters}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
+    failed = await client.post("/v1/chat/completions", json=body, headers={"X-Request-Id": FAILING_REQUEST})
+    letters = await asyncio.to_thread(dead_letters, dlq_path)
+    by_model = {letter["model"]: letter for letter in letters}
     replayed = (
-        await asyncio.to_thread(replay_letter, store, by_model["broken"].id, url)
+        await asyncio.to_thread(replay, dlq_path, by_model["broken"]["id"], url)
         if "broken" in by_model
         else None
     )
-    after = store.get(by_model["broken"].id) if "broken" in by_model else None
+    after = {lt["id"]: lt for lt in await asyncio.to_thread(dead_letters, dlq_path)}
     observed = {
         "4xx_recorded": before,
         "statuses": (broken.status_code, failed.status_code),
-        "letters": sorted((lt.model or "-", lt.status) for lt in letters),
-        "replay": None if replayed is None else replayed[0],
-        "replays_noted": None if after is None else after.replays,
+        "letters": sorted((lt["model"] or "-", lt["status"]) for lt in letters),
+        "replay": replayed,
+        "replays_noted": after[by_model["broken"]["id"]]["replays"] if "broken" in by_model else None,
     }
     expected = {
         "4xx_recorded": 0,
@@ -376,7 +374,11 @@ async def _dlq(run: GateRun, client: httpx.AsyncClient, app: Any, url: str, dlq_
         "replays_noted": 1,
     }
     run.check(
-        "serve.dlq", observed == expected, expected, observed, letters[0].reason[:120] if letters else ""
+        "serve.dlq",
+        observed == expected,
+        expected,
+        observed,
+        str(letters[0]["reason"])[:120] if letters else "",
     )
 
 

@@ -35,7 +35,7 @@ from nxctl.server.api_errors import APIError, bad_request, error_body, from_engi
 from nxctl.server.bridge import CoreLease
 from nxctl.server.dlq import DeadLetterStore
 from nxctl.server.drain import Drain
-from nxctl.server.faults import apply_faults
+from nxctl.server.faults import apply_faults, with_engine_faults
 from nxctl.server.host import ModelHost, SeatModel
 from nxctl.server.idle_pool import default_pool
 from nxctl.server.middleware import ApiKey, BodyLimit, BodyTooLarge, RequestLog
@@ -61,7 +61,10 @@ def build_seat(
     budget = None if settings.budget_mb is None else int(settings.budget_mb * MB)
     host = ModelHost(
         registry,
-        loader or make_loader(settings.device, CoreLease(), metrics.observe_loop),
+        # the seat's engine faults (none unless a negative control asks: faults.py)
+        with_engine_faults(
+            loader or make_loader(settings.device, CoreLease(), metrics.observe_loop), settings.faults
+        ),
         budget_bytes=budget,
         keep_alive_s=settings.keep_alive_s,
         on_event=metrics.observe_event,

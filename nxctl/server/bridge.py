@@ -99,6 +99,7 @@ class LoopStats:
     prefix_hits: int = 0
     preemptions: int = 0
     steps: int = 0
+    max_requests_in_step: int = 0  # the most requests one step has advanced since the model loaded
     spec_drafts: int = 0  # speculative decoding (engine/spec): rounds verified, tokens proposed, accepted
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
@@ -304,6 +305,7 @@ class EngineLoop:
             prefix_hits=snap.prefix_hits * snap.block_size,
             preemptions=snap.counters.preemptions,
             steps=snap.counters.steps,
+            max_requests_in_step=snap.counters.max_requests_in_step,
             spec_drafts=snap.counters.spec_drafts,
             spec_draft_tokens=snap.counters.spec_draft_tokens,
             spec_accepted_tokens=snap.counters.spec_accepted_tokens,

@@ -6,15 +6,44 @@ and applied once, when the seat is built (app.build_seat): the request path's ow
 
 - ``drop-dead-letters``: the dead-letter store takes every record and keeps none, as a DLQ whose writes
   are silently lost would. Failures are still answered 5xx; no row is left to prove them.
+- ``fail-request:ID``: every engine the seat loads fails the engine request ``ID`` when it samples
+  (engine.testing.fail_requests, for the seat's life), as an engine fault would: the serve gate's DLQ
+  check drives a seat started as a process with it (a request's engine id is its X-Request-Id and
+  ``-N``, its choice index).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Sequence
 
+from engine.testing import fail_requests
 from nxctl.server.dlq import DeadLetterStore
+from nxctl.server.host import SeatModel
 
 SEAT_FAULTS = ("drop-dead-letters",)
+FAIL_REQUEST = "fail-request:"
+
+
+def is_seat_fault(name: str) -> bool:
+    """Whether ``name`` is a documented fault (``fail-request:`` needs an id after it)."""
+    return name in SEAT_FAULTS or (name.startswith(FAIL_REQUEST) and len(name) > len(FAIL_REQUEST))
+
+
+def with_engine_faults(loader: Callable[..., SeatModel], faults: Sequence[str]) -> Callable[..., SeatModel]:
+    """``loader`` whose engines fail the ``fail-request:`` ids of ``faults`` (unchanged when none)."""
+    ids = [f.removeprefix(FAIL_REQUEST) for f in faults if f.startswith(FAIL_REQUEST)]
+    if not ids:
+        return loader
+
+    held = contextlib.ExitStack()  # never closed: the hooks stay on for the seat's life (the loader holds it)
+
+    def load(*args: object) -> SeatModel:
+        model = loader(*args)
+        held.enter_context(fail_requests(model.llm.engine, *ids))
+        return model
+
+    return load
 
 
 class DroppingStore(DeadLetterStore):

@@ -110,6 +110,12 @@ class SeatMetrics:
             registry=r,
         )
         self.loads = Counter("nxctl:model_loads", "Models loaded.", M, registry=r)
+        self.max_batch = Gauge(
+            "nxctl:max_requests_in_step",
+            "The most requests one engine step has advanced since the model loaded.",
+            M,
+            registry=r,
+        )
         self.evictions = Counter(
             "nxctl:model_evictions", "Models unloaded, by reason.", (*M, "reason"), registry=r
         )
@@ -124,6 +130,7 @@ class SeatMetrics:
         self.running.labels(model).set(stats.running)
         self.waiting.labels(model).set(stats.waiting)
         self.kv_usage.labels(model).set(stats.kv_usage)
+        self.max_batch.labels(model).set(stats.max_requests_in_step)
         with self._lock:
             last = self._last.get(model, LoopStats())
             self._last[model] = stats

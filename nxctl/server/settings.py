@@ -8,7 +8,7 @@ from pathlib import Path
 
 from engine.errors import InvalidRequestError
 from engine.settings import EngineSettings
-from nxctl.server.faults import SEAT_FAULTS
+from nxctl.server.faults import is_seat_fault
 
 DEFAULT_PORT = 11434
 DEFAULT_MAX_TOKENS = 512
@@ -89,7 +89,7 @@ class SeatSettings:
             "default_max_tokens": self.default_max_tokens >= 1,
             "max_body_bytes": self.max_body_bytes >= 1024,
             "budget_mb": self.budget_mb is None or self.budget_mb > 0,
-            "faults": all(f in SEAT_FAULTS for f in self.faults),
+            "faults": all(is_seat_fault(f) for f in self.faults),
             "cors_origins": all(o == "*" or o.startswith(("http://", "https://")) for o in self.cors_origins),
         }
         bad = [name for name, ok in checks.items() if not ok]

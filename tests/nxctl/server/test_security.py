@@ -87,7 +87,10 @@ def test_cors_answers_the_named_origins_only(tmp_path: Path, tiny_settings) -> N
         assert httpx.get(url + "/v1/models", headers={"origin": "http://localhost:3000"}).status_code == 401
 
 
-@pytest.mark.parametrize("bad", [{"faults": ("no-such-fault",)}, {"cors_origins": ("evil.example",)}])
+@pytest.mark.parametrize(
+    "bad",
+    [{"faults": ("no-such-fault",)}, {"faults": ("fail-request:",)}, {"cors_origins": ("evil.example",)}],
+)
 def test_settings_refuse_unknown_faults_and_bare_origins(bad: dict) -> None:
     with pytest.raises(InvalidRequestError):
         SeatSettings(models=("tiny",), **bad)
