@@ -48,12 +48,20 @@ def quantized_rows(packed: torch.Tensor, fmt: int, ids: torch.Tensor) -> torch.T
     return lookup(packed, fmt, ids)
 
 
+def library_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., D] -> x / sqrt(mean(x^2) + eps) in float32: torch's RMSNorm over every row in one call (on
+    the CPU, x * rsqrt(x.pow(2).mean(-1) + eps) op for op, as transformers writes it). Each row of the
+    portable kernel, and the RMSNorm of fast mode, of other devices and of the reference
+    (engine/layers/rmsnorm.py)."""
+    return F.rms_norm(x.float(), (x.shape[-1],), None, eps)
+
+
 def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x [T, D] -> x / rms(x), [T, D] float32, row by row."""
     rows = x.float()
     out = torch.empty_like(rows)
     for i in range(rows.shape[0]):
-        out[i : i + 1] = F.rms_norm(rows[i : i + 1], (rows.shape[1],), None, eps)
+        out[i : i + 1] = library_rms_norm(rows[i : i + 1], eps)
     return out
 
 
