@@ -175,6 +175,11 @@ def silu_mul(gate_up: torch.Tensor, gelu: bool = False) -> torch.Tensor:
     return _run("silu_mul", _float_input(gate_up), gelu)
 
 
+def has_decoder_stack() -> bool:
+    """Whether this process's backend has the C++ layer loop (``decoder_stack``): every compiled one."""
+    return backend().module is not None
+
+
 def decoder_stack(
     hidden: int,
     heads: int,
@@ -186,7 +191,8 @@ def decoder_stack(
     window: int = 0,
 ) -> Any | None:
     """An empty C++ layer loop (csrc/decoder.h) on this process's compiled backend, layers added with
-    ``add_layer``; None on the portable backend (the caller runs its layers one by one)."""
+    its ``add_layer`` (engine/models/decoder_layer.py's add_to_stack hands it a layer's record); None on
+    the portable backend (``has_decoder_stack``: the caller runs its layers one by one)."""
     module = backend().module
     if module is None:
         return None

@@ -21,16 +21,23 @@ from engine.layers.attention import AttentionPlan, paged_attention, plan_attenti
 from engine.layers.linear import LinearWeight
 from engine.layers.rmsnorm import rms_norm
 from engine.layers.rope import Rope
+from engine.models.decoder_layer import (
+    LINEAR_PARTS,
+    QKV_BIAS,
+    QKV_BIAS_PARTS,
+    DecoderLayerWeights,
+    add_to_stack,
+    decoder_layers,
+    in_kernel_layout,
+)
 from engine.models.held_weights import int8_quantizes
 from engine.quantized import QuantizedWeight, dense, quantize_q8_0
 
 Weight = torch.Tensor | QuantizedWeight
 
-# a decoder layer's linears as held (q, k, v fused; gate and up fused), in the C++ stack's order
-LAYER_LINEARS = ("self_attn.qkv", "self_attn.o_proj.weight", "mlp.gate_up", "mlp.down_proj.weight")
-# under activations "mixed", the linears whose context rows take int8 inputs: every one but qkv, whose
-# outputs are the K and V later tokens read (int8 there cost the most agreement; README)
-CONTEXT_INT8_LINEARS = LAYER_LINEARS[1:]
+# under activations "mixed", the linears whose context rows take int8 inputs: every layer linear but qkv,
+# whose outputs are the K and V later tokens read (int8 there cost the most agreement; README)
+CONTEXT_INT8_LINEARS = tuple(LINEAR_PARTS)[1:]
 
 
 @dataclass(frozen=True)
@@ -95,11 +102,6 @@ class PagedLlama:
     their linears quantize each row's inputs per 32 (engine/kernels/csrc/qdot.h).
     """
 
-    FUSED = {
-        "self_attn.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-        "mlp.gate_up": ("mlp.gate_proj", "mlp.up_proj"),
-    }
-
     def __init__(
         self,
         config: ModelConfig,
@@ -123,14 +125,12 @@ class PagedLlama:
         self.linears: dict[str, LinearWeight] = {}
         for layer in range(config.num_layers):
             p = f"model.layers.{layer}."
-            for fused, members in self.FUSED.items():
-                names = [p + m + ".weight" for m in members]
-                self._add_linear(p + fused, names, [plain.pop(n) for n in names])
+            for key, parts in LINEAR_PARTS.items():
+                names = [p + part for part in parts]
+                self._add_linear(p + key, names, [plain.pop(n) for n in names])
             if config.attention_bias:  # q | k | v biases, one vector like their fused weight
-                biases = [plain.pop(p + f"self_attn.{x}_proj.bias") for x in "qkv"]
-                plain[p + "self_attn.qkv.bias"] = torch.cat([dense(b) for b in biases])
-            for single in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
-                self._add_linear(p + single, [p + single], [plain.pop(p + single)])
+                biases = [plain.pop(p + name) for name in QKV_BIAS_PARTS]
+                plain[p + QKV_BIAS] = torch.cat([dense(b) for b in biases])
         embedding = plain.pop("model.embed_tokens.weight")
         head = plain.pop("lm_head.weight", None)
         self._add_linear("lm_head", ["lm_head.weight"], [embedding if head is None else head])
@@ -141,6 +141,7 @@ class PagedLlama:
         else:
             plain["model.embed_tokens.weight"] = embedding
         self.w: dict[str, torch.Tensor] = {k: v for k, v in plain.items() if isinstance(v, torch.Tensor)}
+        self.layers = self._decoder_layers()
         if config.windowed and device.type != "cpu":
             raise UnsupportedModelError("a sliding attention window runs on the CPU kernels only")
         self.rope = Rope(
@@ -157,6 +158,10 @@ class PagedLlama:
         self._stack: tuple[KVCache, Any] | None = None
         self.fused_layers = True  # False: always the layer-by-layer path (tests compare the two)
         self.last_forward_fused = False
+
+    def _decoder_layers(self) -> list[DecoderLayerWeights[LinearWeight]]:
+        """Each layer's weights as held (norms from ``w``, linears from ``linears``): the tensors themselves."""
+        return decoder_layers(self.config, self.w, lambda p, key: self.linears[p + key])
 
     def _held_weights(self, weights: dict[str, Weight], quantize: str) -> dict[str, Weight]:
         """Each weight as this model holds it: on the device in ``dtype``, or quantized (see the class)."""
@@ -244,27 +249,46 @@ class PagedLlama:
         self._stack = None  # it holds the replaced tensor
         if name not in self.parts:  # a new tensor: the held one may be shared with the loaded model
             self.w[name] = value.to(device=self.device, dtype=self.dtype).clone()
+            self.layers = self._decoder_layers()  # the records hold the replaced tensor too
             return
         key, row, rows = self.parts[name]
         full = self.linears[key].dense()  # a copy when packed; the live weight, replaced at once, otherwise
         full[row : row + rows] = value
         self.linears[key].replace(full)
 
-    def _decoder_stack(self, kv: KVCache) -> Any | None:
-        """The C++ layer loop (engine/kernels: one call for every layer of a step) over these weights
-        and ``kv``, where it computes exactly what ``_layers`` does: float32 on the CPU kernels (a float32
-        or float16 cache), invariant, every linear packed for them, no fault switched on. None elsewhere."""
-        c = self.config
+    def runs_decoder_stack(self, kv: KVCache) -> bool:
+        """Whether this model's layers can run in the C++ layer loop over ``kv`` (kernels.decoder_stack),
+        where it computes exactly what ``_layers`` does: the one place this is decided. It needs
+
+        - the compiled kernels (the portable backend has no layer loop), on the CPU;
+        - float32 weights and activations, and a float32 or float16 cache;
+        - batch invariance (fast mode is the library's kernels) and no fault switched on;
+        - none of Gemma's differences (config.gemma_like: the C++ loop has none of them);
+        - every layer linear held as the kernels read it (LinearWeight.kernel_layout);
+        - ``fused_layers`` left on (tests switch it off to compare the two paths).
+        """
         faulty = self.faults.batch_dependent_matmul or self.faults.batch_dependent_norm
-        float32 = self.dtype == torch.float32 and kv.keys[0].dtype in (torch.float32, torch.float16)
-        if (
-            faulty
-            or c.gemma_like
-            or not (self.fused_layers and self.invariant and float32 and self.device.type == "cpu")
-        ):
+        return (
+            self.fused_layers
+            and not faulty
+            and self.invariant
+            and self.device.type == "cpu"
+            and kernels.has_decoder_stack()
+            and self.dtype == torch.float32
+            and kv.keys[0].dtype in (torch.float32, torch.float16)
+            and not self.config.gemma_like
+            and all(in_kernel_layout(layer) for layer in self.layers)
+        )
+
+    def _decoder_stack(self, kv: KVCache) -> Any | None:
+        """The C++ layer loop (engine/kernels: one call for every layer of a step) over these weights and
+        ``kv``, built on first use and kept while ``kv`` and the weights stay; None where
+        ``runs_decoder_stack`` says no."""
+        if not self.runs_decoder_stack(kv):
             return None
         if self._stack is not None and self._stack[0] is kv:
             return self._stack[1]
+        c = self.config
         stack = kernels.decoder_stack(
             c.hidden_size,
             c.num_heads,
@@ -275,31 +299,16 @@ class PagedLlama:
             self.scale,
             c.sliding_window,
         )
-        absent = torch.empty(0)
-        if stack is None:
-            return None
-        for layer in range(c.num_layers):
-            p = f"model.layers.{layer}."
-            held = [self.linears[p + key].kernel_layout for key in LAYER_LINEARS]
-            if any(h is None for h in held):
-                return None
-            (qkv, qkv_format), (o, o_format), (gate_up, gate_up_format), (down, down_format) = held  # type: ignore[misc]
-            context_formats = [self.linears[p + key].context_format for key in LAYER_LINEARS]
-            stack.add_layer(
-                self.w[p + "input_layernorm.weight"], qkv, qkv_format, o, o_format,
-                self.w[p + "post_attention_layernorm.weight"], gate_up, gate_up_format, down, down_format,
-                kv.keys[layer], kv.values[layer], self.w.get(p + "self_attn.qkv.bias", absent),
-                self.w.get(p + "self_attn.q_norm.weight", absent), self.w.get(p + "self_attn.k_norm.weight", absent),
-                context_formats,
-            )  # fmt: skip
+        for n, layer in enumerate(self.layers):
+            add_to_stack(stack, layer, kv.keys[n], kv.values[n])
         self._stack = (kv, stack)
         return stack
 
-    def _linear(self, x: torch.Tensor, key: str, context_rows: int = 0) -> torch.Tensor:
-        """x [M, K] through linear ``key``: [M, N]; its last ``context_rows`` rows are context rows."""
+    def _linear(self, x: torch.Tensor, linear: LinearWeight, context_rows: int = 0) -> torch.Tensor:
+        """x [M, K] through ``linear``: [M, N]; its last ``context_rows`` rows are context rows."""
         if self.faults.batch_dependent_matmul:
-            return self.linears[key].batch_dependent(x)
-        return self.linears[key](x, context_rows)
+            return linear.batch_dependent(x)
+        return linear(x, context_rows)
 
     def _attention(
         self,
@@ -333,10 +342,10 @@ class PagedLlama:
             outs.append(out.view(-1, c.q_size))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-    def _norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        """RMSNorm of x [N, hidden] with weight ``name``; under the fault, eps grows with the row count."""
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMSNorm of x [N, D] with ``weight`` [D]; under the fault, eps grows with the row count."""
         eps = self.config.rms_norm_eps * (x.shape[0] if self.faults.batch_dependent_norm else 1)
-        return rms_norm(x, self.w[name], eps, self.invariant)
+        return rms_norm(x, weight, eps, self.invariant)
 
     def _gated(self, gate_up: torch.Tensor) -> torch.Tensor:
         """act(gate) * up, act SiLU (GELU-tanh for Gemma): [N, 2 * inter] -> [N, inter] (our row-wise
@@ -378,8 +387,8 @@ class PagedLlama:
             )
         else:
             x = self._layers(x, batch, kv, (cos, sin), local)
-        last = self._norm(x[batch.sample_rows], "model.norm.weight")
-        return self._softcap(self._linear(last, "lm_head").float())
+        last = self._norm(x[batch.sample_rows], self.w["model.norm.weight"])
+        return self._softcap(self._linear(last, self.linears["lm_head"]).float())
 
     def _layers(
         self,
@@ -405,21 +414,18 @@ class PagedLlama:
         context = batch.context_rows
         heads_qk = c.num_heads + c.num_kv_heads
         qk_end = heads_qk * c.head_dim
-        for layer in range(c.num_layers):
-            p = f"model.layers.{layer}."
-            h = self._norm(x, p + "input_layernorm.weight")
-            qkv = self._linear(h, p + "self_attn.qkv", context)  # [N, q_size + 2 * kv_size]
-            if c.attention_bias:
-                qkv = qkv + self.w[p + "self_attn.qkv.bias"]
+        for layer, lw in enumerate(self.layers):
+            h = self._norm(x, lw.input_norm)
+            qkv = self._linear(h, lw.qkv, context)  # [N, q_size + 2 * kv_size]
+            if lw.qkv_bias is not None:
+                qkv = qkv + lw.qkv_bias
             qk = qkv[:, :qk_end].view(n, heads_qk, c.head_dim)
-            if c.qk_norm:  # each head of q and k normalised on its own: [N, H + Hkv, d]
-                q_rows = self._norm(
-                    qk[:, : c.num_heads].reshape(-1, c.head_dim), p + "self_attn.q_norm.weight"
-                )
-                k_rows = self._norm(
-                    qk[:, c.num_heads :].reshape(-1, c.head_dim), p + "self_attn.k_norm.weight"
-                )
-                qk = torch.cat([q_rows.view(n, c.num_heads, -1), k_rows.view(n, c.num_kv_heads, -1)], dim=1)
+            if lw.q_norm is not None and lw.k_norm is not None:  # each head of q and k normalised on its own
+                q_rows = self._norm(qk[:, : c.num_heads].reshape(-1, c.head_dim), lw.q_norm)
+                k_rows = self._norm(qk[:, c.num_heads :].reshape(-1, c.head_dim), lw.k_norm)
+                qk = torch.cat(
+                    [q_rows.view(n, c.num_heads, -1), k_rows.view(n, c.num_kv_heads, -1)], dim=1
+                )  # [N, H + Hkv, d]
             # q and k rotated in one elementwise pass (mul/add round alike on any layout): [N, H + Hkv, d]
             cos, sin = local if c.window(layer) else rotation
             qk = self.rope.rotate(qk, cos, sin)
@@ -433,22 +439,14 @@ class PagedLlama:
             )  # [rows, heads * head_dim]
             if rows < n:
                 x, context = x[:rows], 0  # [N - context, hidden]
-            out = self._linear(attn, p + "self_attn.o_proj.weight", context)
-            if c.sandwich_norms:  # Gemma: the attention's output normed before the residual add
-                out = self._norm(out, p + "post_attention_layernorm.weight")
+            out = self._linear(attn, lw.o, context)
+            if lw.attention_output_norm is not None:  # Gemma: normed before the residual add
+                out = self._norm(out, lw.attention_output_norm)
             x = x + out
-            h = self._norm(
-                x,
-                p
-                + (
-                    "pre_feedforward_layernorm.weight"
-                    if c.sandwich_norms
-                    else "post_attention_layernorm.weight"
-                ),
-            )
-            gate_up = self._linear(h, p + "mlp.gate_up", context)  # [N, 2 * inter]
-            out = self._linear(self._gated(gate_up), p + "mlp.down_proj.weight", context)
-            if c.sandwich_norms:
-                out = self._norm(out, p + "post_feedforward_layernorm.weight")
+            h = self._norm(x, lw.mlp_norm)
+            gate_up = self._linear(h, lw.gate_up, context)  # [N, 2 * inter]
+            out = self._linear(self._gated(gate_up), lw.down, context)
+            if lw.mlp_output_norm is not None:
+                out = self._norm(out, lw.mlp_output_norm)
             x = x + out
         return x

@@ -16,7 +16,7 @@ from engine.kernels.quant_pack import DOT, WIDE
 from engine.llm_engine import Engine
 from engine.loader import LoadedModel
 from engine.model_runner import RowSpan, lay_out
-from engine.models.llama import LAYER_LINEARS
+from engine.models.decoder_layer import stack_arguments
 from engine.sampling_params import SamplingParams
 from tests.engine_runs import run_to_end
 
@@ -133,19 +133,16 @@ def test_the_layer_loop_refuses_context_arguments_it_cannot_honour(tiny_loaded: 
         pytest.skip("the portable backend has no C++ layer loop")
     engine = _engine(tiny_loaded)
     model, kv, c = engine._model, engine._kv, tiny_loaded.config
-    p, absent = "model.layers.0.", torch.empty(0)
-    qkv, o, gate_up, down = (model.linears[p + key] for key in LAYER_LINEARS)
+    record = model.layers[0]
+    qkv, o, gate_up, down = record.qkv, record.o, record.gate_up, record.down
     stack = kernels.decoder_stack(
         c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.rms_norm_eps, 1.0
     )
-    layer = [
-        model.w[p + "input_layernorm.weight"], qkv.data, qkv.format, o.data, o.format,
-        model.w[p + "post_attention_layernorm.weight"], gate_up.data, gate_up.format, down.data, down.format,
-        kv.keys[0], kv.values[0], absent, absent, absent,
-    ]  # fmt: skip
+    *layer, context_formats = stack_arguments(record, kv.keys[0], kv.values[0])
+    assert context_formats == [qkv.format, o.context_format, gate_up.context_format, down.context_format]
     with pytest.raises(RuntimeError, match="context format"):  # int8 layout read as another format
         stack.add_layer(*layer, [qkv.format, o.format - 2, gate_up.format, down.format])
-    stack.add_layer(*layer, [qkv.format, o.context_format, gate_up.context_format, down.context_format])
+    stack.add_layer(*layer, context_formats)
     rows = torch.zeros(2, c.head_dim)
     args = (torch.tensor([0, 1]), rows, rows, torch.tensor([[0]]), torch.tensor([0, 0]), torch.tensor([0, 1]))
     with pytest.raises(RuntimeError, match="context rows"):
