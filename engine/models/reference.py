@@ -1,10 +1,11 @@
 """The plain Llama-family forward over a contiguous KV cache: the yardstick the paged engine is checked against.
 
-Readable on purpose: RMSNorm, RoPE (rotate-half, the config's theta and scaling), grouped-query attention
-with a causal mask (and a sliding window where the family has one), q/k/v biases and per-head q/k norms
-where the family has them, SwiGLU, tied or untied head; Gemma 3's scaled embeddings, norms around
-attention and MLP, GELU gate, local RoPE base and logit soft-cap. No batching, no paging, no
-invariance tricks.
+Readable on purpose: RMSNorm (torch's, through engine/layers/rmsnorm.py), RoPE (rotate-half, the
+config's theta and scaling), grouped-query attention with a causal mask (and a sliding window where the
+family has one), q/k/v biases and per-head q/k norms where the family has them, SwiGLU, tied or untied
+head; Gemma 3's scaled embeddings, norms around attention and MLP, GELU gate, local RoPE base and logit
+soft-cap. No batching, no paging, no invariance tricks. Each layer's weights as the paged model names them (engine/models/decoder_layer.py),
+its linears as the checkpoint holds them: q, k, v, gate and up each apart.
 """
 
 from __future__ import annotations
@@ -15,13 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from engine.config import ModelConfig, RopeScaling
+from engine.layers.rmsnorm import rms_norm
 from engine.layers.rope import inverse_frequencies
+from engine.models.decoder_layer import LINEAR_PARTS, QKV_BIAS, QKV_BIAS_PARTS, decoder_layers
 
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # x: [T, hidden]; computed in float32, cast back to x's dtype
-    x32 = x.float()
-    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+Parts = tuple[torch.Tensor, ...]  # a linear as the checkpoint holds it: its weights, unfused
 
 
 def rope_cos_sin(
@@ -66,6 +65,19 @@ class ReferenceLlama:
         self.device = device
         self.w = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
         self.lm_head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])
+        for n in range(config.num_layers):  # q | k | v biases as one vector, split again where they are added
+            p = f"model.layers.{n}."
+            if all(p + name in self.w for name in QKV_BIAS_PARTS):
+                self.w[p + QKV_BIAS] = torch.cat([self.w[p + name] for name in QKV_BIAS_PARTS])
+        self.layers = decoder_layers(config, self.w, self._parts)
+
+    def _parts(self, p: str, key: str) -> Parts:
+        """The checkpoint weights of held linear ``key`` of the layer named ``p``..., unfused."""
+        return tuple(self.w[p + name] for name in LINEAR_PARTS[key])
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMSNorm of x [T, ..., D] with ``weight`` [D], torch's (no invariance needed here)."""
+        return rms_norm(x, weight, self.config.rms_norm_eps, invariant=False)
 
     def new_cache(self, max_len: int) -> ContiguousCache:
         c = self.config
@@ -86,25 +98,23 @@ class ReferenceLlama:
         local = rope_cos_sin(positions, c.head_dim, c.local_rope_theta) if c.local_rope_theta else rotation
         group = c.num_heads // c.num_kv_heads
         causal = torch.ones(count, start + count, dtype=torch.bool, device=self.device).tril(start)
-        for n in range(c.num_layers):
-            p = f"model.layers.{n}."
+        for n, layer in enumerate(self.layers):
             mask, (cos, sin) = causal, rotation
             if c.window(n):  # a row sees its last ``window`` positions only
                 mask = causal & ~torch.ones_like(causal).tril(start - c.window(n))
                 cos, sin = local
-            h = rms_norm(x, self.w[p + "input_layernorm.weight"], c.rms_norm_eps)
-            q, k, v = (
-                F.linear(
-                    h, self.w[p + f"self_attn.{x}_proj.weight"], self.w.get(p + f"self_attn.{x}_proj.bias")
-                )
-                for x in "qkv"
+            h = self._norm(x, layer.input_norm)
+            biases = (
+                (None,) * 3
+                if layer.qkv_bias is None
+                else layer.qkv_bias.split([c.q_size, c.kv_size, c.kv_size])
             )
+            q, k, v = (F.linear(h, w, b) for w, b in zip(layer.qkv, biases, strict=True))
             q = q.view(count, c.num_heads, c.head_dim)
             k = k.view(count, c.num_kv_heads, c.head_dim)
             v = v.view(count, c.num_kv_heads, c.head_dim)
-            if c.qk_norm:
-                q = rms_norm(q, self.w[p + "self_attn.q_norm.weight"], c.rms_norm_eps)
-                k = rms_norm(k, self.w[p + "self_attn.k_norm.weight"], c.rms_norm_eps)
+            if layer.q_norm is not None and layer.k_norm is not None:
+                q, k = self._norm(q, layer.q_norm), self._norm(k, layer.k_norm)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             cache.keys[n][start : start + count] = k
             cache.values[n][start : start + count] = v
@@ -117,23 +127,19 @@ class ReferenceLlama:
                 attn_mask=mask,
                 scale=c.attention_scale,
             )  # [heads, T, d]
-            out = F.linear(
-                attn.transpose(0, 1).reshape(count, c.q_size), self.w[p + "self_attn.o_proj.weight"]
-            )
-            if c.sandwich_norms:
-                out = rms_norm(out, self.w[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
+            out = F.linear(attn.transpose(0, 1).reshape(count, c.q_size), *layer.o)
+            if layer.attention_output_norm is not None:
+                out = self._norm(out, layer.attention_output_norm)
             x = x + out
-            pre_mlp = "pre_feedforward_layernorm" if c.sandwich_norms else "post_attention_layernorm"
-            h = rms_norm(x, self.w[p + pre_mlp + ".weight"], c.rms_norm_eps)
-            gate = F.linear(h, self.w[p + "mlp.gate_proj.weight"])
-            up = F.linear(h, self.w[p + "mlp.up_proj.weight"])
+            h = self._norm(x, layer.mlp_norm)
+            gate, up = (F.linear(h, w) for w in layer.gate_up)
             act = F.gelu(gate, approximate="tanh") if c.hidden_act == "gelu_tanh" else F.silu(gate)
-            out = F.linear(act * up, self.w[p + "mlp.down_proj.weight"])
-            if c.sandwich_norms:
-                out = rms_norm(out, self.w[p + "post_feedforward_layernorm.weight"], c.rms_norm_eps)
+            out = F.linear(act * up, *layer.down)
+            if layer.mlp_output_norm is not None:
+                out = self._norm(out, layer.mlp_output_norm)
             x = x + out
         cache.length = start + count
-        x = rms_norm(x, self.w["model.norm.weight"], c.rms_norm_eps)
+        x = self._norm(x, self.w["model.norm.weight"])
         logits = F.linear(x, self.lm_head).float()
         cap = c.final_logit_softcap
         return torch.tanh(logits / cap) * cap if cap else logits
