@@ -141,7 +141,7 @@ class PagedLlama:
         else:
             plain["model.embed_tokens.weight"] = embedding
         self.w: dict[str, torch.Tensor] = {k: v for k, v in plain.items() if isinstance(v, torch.Tensor)}
-        self.layers = self._decoder_layers()
+        self._hold_layers()
         if config.windowed and device.type != "cpu":
             raise UnsupportedModelError("a sliding attention window runs on the CPU kernels only")
         self.rope = Rope(
@@ -159,9 +159,14 @@ class PagedLlama:
         self.fused_layers = True  # False: always the layer-by-layer path (tests compare the two)
         self.last_forward_fused = False
 
-    def _decoder_layers(self) -> list[DecoderLayerWeights[LinearWeight]]:
-        """Each layer's weights as held (norms from ``w``, linears from ``linears``): the tensors themselves."""
-        return decoder_layers(self.config, self.w, lambda p, key: self.linears[p + key])
+    def _hold_layers(self) -> None:
+        """(Re)build each layer's record over the weights as held now (norms from ``w``, linears from
+        ``linears``: the tensors themselves), and whether every layer linear is in the C++ kernels'
+        layout (mutates; at load and after a weight is replaced)."""
+        self.layers: list[DecoderLayerWeights[LinearWeight]] = decoder_layers(
+            self.config, self.w, lambda p, key: self.linears[p + key]
+        )
+        self.layers_in_kernel_layout = all(in_kernel_layout(layer) for layer in self.layers)
 
     def _held_weights(self, weights: dict[str, Weight], quantize: str) -> dict[str, Weight]:
         """Each weight as this model holds it: on the device in ``dtype``, or quantized (see the class)."""
@@ -247,14 +252,15 @@ class PagedLlama:
         if name == "model.embed_tokens.weight" and self.embedding is not None:
             raise ValueError("a quantized embedding table cannot be replaced")
         self._stack = None  # it holds the replaced tensor
-        if name not in self.parts:  # a new tensor: the held one may be shared with the loaded model
+        if name in self.parts:
+            key, row, rows = self.parts[name]
+            # a copy when packed; the live weight, replaced at once, otherwise
+            full = self.linears[key].dense()
+            full[row : row + rows] = value
+            self.linears[key].replace(full)
+        else:  # a new tensor: the held one may be shared with the loaded model
             self.w[name] = value.to(device=self.device, dtype=self.dtype).clone()
-            self.layers = self._decoder_layers()  # the records hold the replaced tensor too
-            return
-        key, row, rows = self.parts[name]
-        full = self.linears[key].dense()  # a copy when packed; the live weight, replaced at once, otherwise
-        full[row : row + rows] = value
-        self.linears[key].replace(full)
+        self._hold_layers()  # the records hold the replaced tensor too
 
     def runs_decoder_stack(self, kv: KVCache) -> bool:
         """Whether this model's layers can run in the C++ layer loop over ``kv`` (kernels.decoder_stack),
@@ -264,7 +270,7 @@ class PagedLlama:
         - float32 weights and activations, and a float32 or float16 cache;
         - batch invariance (fast mode is the library's kernels) and no fault switched on;
         - none of Gemma's differences (config.gemma_like: the C++ loop has none of them);
-        - every layer linear held as the kernels read it (LinearWeight.kernel_layout);
+        - every layer linear held as the kernels read it (``layers_in_kernel_layout``);
         - ``fused_layers`` left on (tests switch it off to compare the two paths).
         """
         faulty = self.faults.batch_dependent_matmul or self.faults.batch_dependent_norm
@@ -277,7 +283,7 @@ class PagedLlama:
             and self.dtype == torch.float32
             and kv.keys[0].dtype in (torch.float32, torch.float16)
             and not self.config.gemma_like
-            and all(in_kernel_layout(layer) for layer in self.layers)
+            and self.layers_in_kernel_layout
         )
 
     def _decoder_stack(self, kv: KVCache) -> Any | None:
