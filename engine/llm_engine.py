@@ -34,6 +34,7 @@ from engine.snapshot import EngineCounters, EngineSnapshot, RequestView
 from engine.spec.adaptive import SpecBackoff
 from engine.spec.proposers import Proposer, make_proposer
 from engine.spec.verifier import Verify, VerifyFaults, verify_run, verify_run_with_faults
+from engine.stop_check import check_stop
 from engine.structured import GrammarCompiler, GrammarMatcher, MaskWorker, TokenMask
 
 # adds a sampled token (or the sampler's error) to its request: Engine._append_token, or under a fault hook
@@ -161,7 +162,7 @@ class Engine:
         if seq is None or seq.finished:
             return None
         self._finish(seq, "abort")
-        return self._output(seq)
+        return seq.output()
 
     def has_unfinished(self) -> bool:
         return self._scheduler.has_unfinished()
@@ -287,7 +288,7 @@ class Engine:
             except Exception as exc:  # noqa: BLE001 - one request's failure must not take down the batch
                 seq.error = f"{type(exc).__name__}: {exc}"
                 self._finish(seq, "error")
-            results.append(self._output(seq))
+            results.append(seq.output())
         return results
 
     def _propose(self) -> None:
@@ -355,7 +356,7 @@ class Engine:
         except Exception as exc:  # noqa: BLE001 - one request's failure must not take down the batch
             seq.error = f"{type(exc).__name__}: {exc}"
             self._finish(seq, "error")
-            return self._output(seq)
+            return seq.output()
         self._scheduler.charge(seq, verdict.valid_rows, True)
         self._stats.count_verified(len(proposals), verdict.accepted)
         if seq.backoff is not None:
@@ -365,7 +366,7 @@ class Engine:
             self._scheduler.trim(seq)
             assert self._proposer is not None
             self._proposer.verified(seq)
-        return self._output(seq)
+        return seq.output()
 
     def _constrained_samplers(self, out: SchedulerOutput) -> list[tuple[Sequence, GrammarMatcher]]:
         """The step's requests that have a grammar and sample one token at its end (a verifying
@@ -429,46 +430,11 @@ class Engine:
     def _append_token(self, seq: Sequence, choice: Sample | Exception, now: float) -> None:
         if isinstance(choice, Exception):
             raise choice
-        seq.output_token_ids.append(choice.token_id)
+        seq.append_token(choice, now)
         self._stats.tokens_generated += 1
-        seq.logprobs.append(choice.logprob)
-        if seq.params.logprobs:
-            seq.top_logprobs.append(choice.top)
-        seq.token_times.append(now)
-        if seq.first_token_time is None:
-            seq.first_token_time = now
-        is_stop_token = choice.token_id in self.stop_token_ids and not seq.params.ignore_eos
-        grammar_done = False
-        if not is_stop_token:
-            seq.text += seq.detokenizer.push([choice.token_id])
-            grammar_done = self._advance_grammar(seq, choice.token_id)
-        reason = self._stop_reason(seq, is_stop_token)
-        if reason is None and grammar_done:
-            reason = "stop"
+        reason = check_stop(seq, choice.token_id, self.stop_token_ids)
         if reason is not None:
-            if not is_stop_token and (reason == "length" or grammar_done):
-                seq.text += seq.detokenizer.flush()
             self._finish(seq, reason)
-
-    def _advance_grammar(self, seq: Sequence, token_id: int) -> bool:
-        """Feed the token to the request's grammar; True when the grammar is now complete."""
-        if seq.matcher is None:
-            return False
-        if not seq.matcher.advance(token_id):
-            raise RuntimeError(f"the grammar refused token {token_id}: {seq.matcher.error}")
-        return seq.matcher.finished
-
-    def _stop_reason(self, seq: Sequence, is_stop_token: bool) -> FinishReason | None:
-        if is_stop_token:
-            return "stop"
-        for stop in seq.params.stop:
-            cut = seq.text.find(stop)
-            if cut >= 0:
-                seq.text = seq.text[:cut]
-                return "stop"
-        if len(seq.output_token_ids) >= seq.params.max_tokens or seq.num_tokens >= seq.max_total_tokens:
-            return "length"
-        return None
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         seq.finish_reason = reason
@@ -477,25 +443,6 @@ class Engine:
         seq.draft_token_ids = []
         self._scheduler.remove(seq)
         self._forget_drafts([seq])
-
-    def _output(self, seq: Sequence) -> RequestOutput:
-        return RequestOutput(
-            request_id=seq.request_id,
-            prompt_token_ids=list(seq.prompt_token_ids),
-            token_ids=list(seq.output_token_ids),
-            text=seq.text,
-            finish_reason=seq.finish_reason,
-            error=seq.error,
-            logprobs=list(seq.logprobs),
-            top_logprobs=[list(t) for t in seq.top_logprobs],
-            num_cached_tokens=seq.num_cached_tokens,
-            arrival_time=seq.arrival_time,
-            first_scheduled_time=seq.first_scheduled_time,
-            first_token_time=seq.first_token_time,
-            finish_time=seq.finish_time,
-            token_times=list(seq.token_times),
-            num_preemptions=seq.num_preemptions,
-        )
 
     def release_finished(self, request_id: str) -> None:
         """Forget a finished request's bookkeeping (mutates)."""

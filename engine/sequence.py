@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.layers.sampler import Sample
 from engine.loader.tokenizer import IncrementalDetokenizer
-from engine.outputs import FinishReason
+from engine.outputs import FinishReason, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.spec.adaptive import SpecBackoff
 from engine.structured.matcher import GrammarMatcher
@@ -92,3 +93,33 @@ class Sequence:
     def blocks_needed(self, upto_tokens: int, block_size: int) -> int:
         """How many more blocks the table needs to hold ``upto_tokens`` tokens (pure)."""
         return max(0, -(-upto_tokens // block_size) - len(self.block_table))
+
+    def append_token(self, choice: Sample, now: float) -> None:
+        """Record a drawn token (mutates): its id, logprob (and top logprobs when asked for) and time."""
+        self.output_token_ids.append(choice.token_id)
+        self.logprobs.append(choice.logprob)
+        if self.params.logprobs:
+            self.top_logprobs.append(choice.top)
+        self.token_times.append(now)
+        if self.first_token_time is None:
+            self.first_token_time = now
+
+    def output(self) -> RequestOutput:
+        """The request as the engine hands it out now (a copy: later steps do not change it)."""
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt_token_ids=list(self.prompt_token_ids),
+            token_ids=list(self.output_token_ids),
+            text=self.text,
+            finish_reason=self.finish_reason,
+            error=self.error,
+            logprobs=list(self.logprobs),
+            top_logprobs=[list(t) for t in self.top_logprobs],
+            num_cached_tokens=self.num_cached_tokens,
+            arrival_time=self.arrival_time,
+            first_scheduled_time=self.first_scheduled_time,
+            first_token_time=self.first_token_time,
+            finish_time=self.finish_time,
+            token_times=list(self.token_times),
+            num_preemptions=self.num_preemptions,
+        )
