@@ -26,25 +26,18 @@ from engine.loader import ChatTokenizer, IncrementalDetokenizer, LoadedModel, lo
 from engine.model_runner import ModelRunner
 from engine.models.llama import Faults, PagedLlama
 from engine.mux.memory import reclaim
-from engine.outputs import FinishReason, RequestOutput
+from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerOutput
-from engine.sequence import Sequence, Status
+from engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput, VerifyRows
+from engine.sequence import Sequence
 from engine.snapshot import EngineCounters, EngineSnapshot, RequestView
-from engine.spec.adaptive import SpecBackoff
-from engine.spec.proposers import Proposer, make_proposer
+from engine.spec.proposers import make_proposer
+from engine.spec.speculator import Speculator
 from engine.spec.verifier import Verify, VerifyFaults, verify_run, verify_run_with_faults
-from engine.stop_check import check_stop
 from engine.structured import GrammarCompiler, GrammarMatcher, MaskWorker, TokenMask
 
-# adds a sampled token (or the sampler's error) to its request: Engine._append_token, or under a fault hook
-# a wrapper that fails named requests first
-Append = Callable[[Sequence, Sample | Exception, float], None]
-
-
-def rows_of(sampled: list[tuple[Sequence, int]]) -> list[int]:
-    """The logits rows of the sampled requests, in order."""
-    return [row for _, row in sampled]
+# runs a step's forward and draws its tokens: Engine._execute, or under a fault hook a wrapper
+Execute = Callable[[SchedulerOutput], ModelRunnerOutput]
 
 
 class Engine:
@@ -78,18 +71,21 @@ class Engine:
         self._kv = KVCache(loaded.config, config.num_kv_blocks, config.block_size, kv_dtype, self.device)
         self._pool = BlockPool(config.num_kv_blocks, config.block_size)
         model_key = f"{loaded.source.path}:{config.dtype}:{config.quantize}:{config.activations}:{kv_dtype}:{config.batch_invariant}"
+        self.stop_token_ids = frozenset(loaded.tokenizer.stop_token_ids)
         self._scheduler = Scheduler(
-            config, self._pool, model_key, context_keyed=self._model.splits_context_rows
+            config,
+            self._pool,
+            model_key,
+            context_keyed=self._model.splits_context_rows,
+            stop_token_ids=self.stop_token_ids,
         )
         self._runner = ModelRunner(self._model, self._kv)
         self._requests: dict[str, Sequence] = {}
         self._arrivals = itertools.count()
         self._stats = EngineCounters()  # this engine's own, mutated each step; callers get copies
-        self.stop_token_ids = frozenset(loaded.tokenizer.stop_token_ids)
         self.grammars = GrammarCompiler(loaded.tokenizer, loaded.config.vocab_size)
         self._masks = MaskWorker()
-        self._spec = config.spec
-        self._proposer: Proposer | None = make_proposer(self._spec, loaded, config)
+        self._speculator = Speculator(config.spec, make_proposer(config.spec, loaded, config), self._stats)
         self._verify_faults: VerifyFaults | None = None  # the verifier's deliberate bugs (engine/testing.py)
 
     @property
@@ -161,7 +157,8 @@ class Engine:
         seq = self._requests.get(request_id)
         if seq is None or seq.finished:
             return None
-        self._finish(seq, "abort")
+        self._scheduler.finish(seq, "abort")
+        self._speculator.forget([seq])
         return seq.output()
 
     def has_unfinished(self) -> bool:
@@ -170,7 +167,10 @@ class Engine:
     @property
     def counters(self) -> EngineCounters:
         """A copy of the engine's life counters (steps, tokens, preemptions, ...)."""
-        return dataclasses.replace(self._stats, preemptions=self._scheduler.num_preemptions)
+        sched = self._scheduler
+        return dataclasses.replace(
+            self._stats, preemptions=sched.num_preemptions, tokens_generated=sched.num_generated_tokens
+        )
 
     def snapshot(self, requests: bool = True) -> EngineSnapshot:
         """A read-only copy of the engine's state between two steps (queues, KV blocks, counters).
@@ -214,25 +214,53 @@ class Engine:
         return vectors
 
     def step(self) -> list[RequestOutput]:
-        """Run one batched forward over the scheduled requests; return outputs of those that advanced."""
+        """Run one batched forward over the scheduled requests; return the outputs of those that
+        advanced (mutates)."""
+        # A step, as in vLLM v1: propose -> schedule -> execute -> update_from_output.
+        # 1. propose: the speculator drafts tokens for the running requests about to decode (within
+        #    each one's back-off; none while the batch is large, or with speculation off).
+        # 2. schedule: the scheduler picks who runs with how many tokens (decodes, verifies of 1 + k
+        #    rows, prefill chunks, admissions), growing block tables and preempting by recompute to
+        #    make room (SchedulerOutput); the speculator forgets the preempted.
+        # 3. execute: one batched forward; one batched draw for the rows that end a request's tokens,
+        #    and for each speculating request a verifier over its rows (ModelRunnerOutput).
+        # 4. update_from_output: the scheduler counts computed tokens (prefix cache, tenant charge),
+        #    appends each draw, walks each verifier row by row, checks stops, finishes requests and
+        #    frees their blocks (StepUpdate); the speculator settles its drafts' state.
+        # 5. one RequestOutput per request that drew a token or finished.
+        # Fault hooks (engine/testing.py) are looked at once per step, here; while one is on the step
+        # takes the slow path (_step_under_faults), which wraps execute and the verifier.
         if self._faults.active or self._verify_faults is not None:  # a step's one look at the fault hooks
             return self._step_under_faults()
-        return self._step(self._append_token, verify_run)
+        return self._step(self._execute)
+
+    def _step(self, execute: Execute) -> list[RequestOutput]:
+        """``step()`` itself, as its comment says; ``execute`` runs the forward and draws (``_execute``,
+        or its wrapper under a fault hook)."""
+        self._speculator.propose(self._scheduler.running)
+        out = self._scheduler.schedule()
+        self._speculator.forget(out.preempted)
+        if not out.scheduled:
+            return []
+        self._count(out)
+        output = execute(out)  # the forward and its draws
+        update = self._scheduler.update_from_output(out, output)
+        self._speculator.settle(update)
+        return [seq.output() for seq in update.advanced]
 
     def _step_under_faults(self) -> list[RequestOutput]:
         """``step()`` with the switched-on hooks of engine/testing.py applied (the slow path, taken only
         while one is on): named requests fail when they sample, constrained requests run as if they had no
         grammar (their matchers set aside for the step), the verifier runs with its deliberate bugs."""
         faults, verify_faults = self._faults, self._verify_faults
-
-        def append(seq: Sequence, choice: Sample | Exception, now: float) -> None:
-            if seq.request_id in faults.fail_requests:
-                raise RuntimeError("injected failure")
-            self._append_token(seq, choice, now)
-
-        verify: Verify = verify_run
+        walk: Verify = verify_run
         if verify_faults is not None:
-            verify = functools.partial(verify_run_with_faults, faults=verify_faults)
+            walk = functools.partial(verify_run_with_faults, faults=verify_faults)
+        failing = frozenset(faults.fail_requests)
+
+        def execute(out: SchedulerOutput) -> ModelRunnerOutput:
+            return _fail_named(self._execute(out, walk), out, failing)
+
         unmasked = (
             [s for s in self._requests.values() if s.matcher is not None] if faults.grammar_mask_off else []
         )
@@ -240,137 +268,58 @@ class Engine:
         for seq in unmasked:
             seq.matcher = None
         try:
-            return self._step(append, verify)
+            return self._step(execute)
         finally:
             for seq, matcher in zip(unmasked, matchers, strict=True):
                 seq.matcher = matcher
 
-    def _step(self, append: Append, verify: Verify) -> list[RequestOutput]:
-        """``step()`` itself; ``append`` adds a sampled token to its request, ``verify`` walks a
-        speculating request's rows (``verify_run``, or its faulty twin under a fault hook)."""
-        self._propose()
-        out = self._scheduler.schedule()
-        self._forget_drafts(out.preempted)
-        if not out.scheduled:
-            return []
-        self._count(out)
+    def _execute(self, out: SchedulerOutput, walk: Verify = verify_run) -> ModelRunnerOutput:
+        """Run the step's forward and draw: one batched sampling call for the requests whose rows end
+        their tokens; a speculating request gets ``walk`` over its rows instead, drawn as the scheduler
+        updates it (mutates the drawing requests' generators and the grammar counters)."""
         # the grammar masks of the requests about to sample: filled during the forward when a core is
         # spare, else now (engine/structured/masks.py)
         constrained = self._constrained_samplers(out)
         pending = self._masks.start([matcher for _, matcher in constrained])
-        logits, rows = self._runner.run(out)
+        logits, rows = self._runner.run(out)  # logits: [rows sampled, vocab]; rows: per scheduled request
         masks = self._collect_masks([seq for seq, _ in constrained], pending)
         now = time.perf_counter()
-        sampled = [
-            (item.seq, row)
-            for item, row in zip(out.scheduled, rows, strict=True)
-            if row is not None and not item.seq.draft_token_ids
-        ]
-        picked = rows_of(sampled)  # one batched sampling call for the step's sampled rows
+        drawing: list[tuple[int, Sequence, int]] = []  # (index in the step, request, its logits row)
+        verifiers: dict[str, VerifyRows] = {}
+        for i, (item, row) in enumerate(zip(out.scheduled, rows, strict=True)):
+            if row is not None and item.seq.draft_token_ids:
+                verifiers[item.seq.request_id] = self._verifier(item.seq, logits, row, walk)
+            elif row is not None:
+                drawing.append((i, item.seq, row))
         requests = [
             SampleRequest(s.params, s.generator, s.prompt_token_ids, s.output_token_ids, masks.get(id(s)))
-            for s, _ in sampled
+            for _, s, _ in drawing
         ]
-        choices = dict(zip(picked, sample_batch(logits[picked], requests), strict=True))
-        results: list[RequestOutput] = []
-        for item, row in zip(out.scheduled, rows, strict=True):
-            seq = item.seq
-            if seq.draft_token_ids and row is not None:
-                results.append(self._verify(seq, logits, row, now, append, verify))
-                continue
-            seq.num_computed_tokens += item.num_new_tokens
-            self._scheduler.register_computed(seq)
-            self._scheduler.charge(seq, item.num_new_tokens, row is not None)
-            if row is None:
-                continue
-            try:
-                append(seq, choices[row], now)
-            except Exception as exc:  # noqa: BLE001 - one request's failure must not take down the batch
-                seq.error = f"{type(exc).__name__}: {exc}"
-                self._finish(seq, "error")
-            results.append(seq.output())
-        return results
+        picked = [row for _, _, row in drawing]  # one batched sampling call for the step's drawn rows
+        sampled: list[Sample | Exception | None] = [None] * len(rows)
+        for (i, _, _), choice in zip(drawing, sample_batch(logits[picked], requests), strict=True):
+            sampled[i] = choice
+        return ModelRunnerOutput(sampled, verifiers, now)
 
-    def _propose(self) -> None:
-        """Before scheduling: proposals for the running requests about to decode (mutates their
-        ``draft_token_ids``). None while more requests decode than ``spec_max_batch`` and for requests
-        their back-off pauses; never past max_tokens or the context, nor past what a request's grammar
-        allows (its verify rows are then masked one by one, as its plain steps would be)."""
-        if self._proposer is None:
-            return
-        decoding = [s for s in self._scheduler.running if s.is_decoding]
-        for seq in decoding:
-            seq.draft_token_ids = []
-        if len(decoding) > self._spec.max_batch:
-            return
-        wanted: list[tuple[Sequence, int]] = []
-        for seq in decoding:
-            if seq.backoff is None:
-                seq.backoff = SpecBackoff(self._spec.num_tokens)
-            room = min(
-                seq.params.max_tokens - len(seq.output_token_ids), seq.max_total_tokens - seq.num_tokens
-            )
-            n = min(seq.backoff.wants(), room - 1)
-            if n > 0:
-                wanted.append((seq, n))
-        if wanted:
-            for (seq, n), proposal in zip(wanted, self._proposer.propose(wanted), strict=True):
-                if seq.matcher is not None:
-                    allowed = proposal[: seq.matcher.allowed_prefix(proposal[:n])]
-                    if proposal and not allowed:  # nothing to verify: the proposer drops what it drafted
-                        self._proposer.verified(seq)
-                    proposal = allowed
-                seq.draft_token_ids = proposal[:n]
+    def _verifier(self, seq: Sequence, logits: torch.Tensor, row: int, walk: Verify) -> VerifyRows:
+        """A speculating request's verification (Speculator.verify) bound to this step's logits: rows
+        ``row - k .. row`` follow its last token and its k proposals."""
+        first = row - len(seq.draft_token_ids)
 
-    def _forget_drafts(self, seqs: list[Sequence]) -> None:
-        if self._proposer is not None:
-            for seq in seqs:
-                self._proposer.forget(seq)
-
-    def _verify(
-        self, seq: Sequence, logits: torch.Tensor, row: int, now: float, append: Append, verify: Verify
-    ) -> RequestOutput:
-        """Verify a speculating request's step (engine/spec/verifier.py): rows ``row - k .. row`` of
-        ``logits`` follow its last token and its k proposals. Emits the tokens the plain path would
-        (mutates), keeps the K/V of the rows that hold real tokens and gives back the rest."""
-        proposals, seq.draft_token_ids = seq.draft_token_ids, []
-        start, first = seq.num_computed_tokens, row - len(proposals)
-
-        def sample_row(i: int) -> Sample:
-            seq.num_computed_tokens = start + i + 1  # rows 0..i hold real tokens
-            self._scheduler.register_computed(seq)
+        def draw(i: int) -> Sample:
             request = SampleRequest(
                 seq.params, seq.generator, seq.prompt_token_ids, seq.output_token_ids, self._row_mask(seq)
             )
-            choice = sample_batch(logits[first + i : first + i + 1], [request])[0]
+            choice = sample_batch(logits[first + i : first + i + 1], [request])[0]  # [1, vocab]
             if isinstance(choice, Exception):
                 raise choice
             return choice
 
-        def emit(choice: Sample) -> bool:
-            append(seq, choice, now)
-            return seq.finished
-
-        try:
-            verdict = verify(proposals, sample_row, emit)
-        except Exception as exc:  # noqa: BLE001 - one request's failure must not take down the batch
-            seq.error = f"{type(exc).__name__}: {exc}"
-            self._finish(seq, "error")
-            return seq.output()
-        self._scheduler.charge(seq, verdict.valid_rows, True)
-        self._stats.count_verified(len(proposals), verdict.accepted)
-        if seq.backoff is not None:
-            seq.backoff.record(len(proposals), verdict.accepted)
-        if not seq.finished:
-            seq.num_computed_tokens = start + verdict.valid_rows
-            self._scheduler.trim(seq)
-            assert self._proposer is not None
-            self._proposer.verified(seq)
-        return seq.output()
+        return functools.partial(self._speculator.verify, seq, draw, walk)
 
     def _constrained_samplers(self, out: SchedulerOutput) -> list[tuple[Sequence, GrammarMatcher]]:
         """The step's requests that have a grammar and sample one token at its end (a verifying
-        request's rows are masked one at a time, in ``_verify``)."""
+        request's rows are masked one at a time, in ``_verifier``)."""
         return [
             (s.seq, s.seq.matcher)
             for s in out.scheduled
@@ -407,11 +356,7 @@ class Engine:
         return {id(seq): mask for seq, mask in zip(seqs, masks, strict=True)}
 
     def _count(self, out: SchedulerOutput) -> None:
-        """The step's counters, and the time each request in it was first scheduled (mutates)."""
-        now = time.perf_counter()
-        for item in out.scheduled:
-            if item.seq.first_scheduled_time is None:
-                item.seq.first_scheduled_time = now
+        """Count the step in the engine's counters (mutates them; reads the requests)."""
         st = self._stats
         st.steps += 1
         st.tokens_computed += out.num_tokens
@@ -427,28 +372,33 @@ class Engine:
                 st.joins_mid_flight += any(other is not seq for other in started)
                 st.chunked_prompts += item.num_new_tokens < seq.num_uncomputed
 
-    def _append_token(self, seq: Sequence, choice: Sample | Exception, now: float) -> None:
-        if isinstance(choice, Exception):
-            raise choice
-        seq.append_token(choice, now)
-        self._stats.tokens_generated += 1
-        reason = check_stop(seq, choice.token_id, self.stop_token_ids)
-        if reason is not None:
-            self._finish(seq, reason)
-
-    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
-        seq.finish_reason = reason
-        seq.status = Status.FINISHED
-        seq.finish_time = time.perf_counter()
-        seq.draft_token_ids = []
-        self._scheduler.remove(seq)
-        self._forget_drafts([seq])
-
     def release_finished(self, request_id: str) -> None:
         """Forget a finished request's bookkeeping (mutates)."""
         seq = self._requests.get(request_id)
         if seq is not None and seq.finished:
             del self._requests[request_id]
+
+
+def _fail_named(output: ModelRunnerOutput, out: SchedulerOutput, names: frozenset[str]) -> ModelRunnerOutput:
+    """``output`` with the named requests failing as they sample (the ``fail_requests`` hook): a token
+    drawn becomes an error, a verifier raises at its first emitted token."""
+    if not names:
+        return output
+    sampled = [
+        RuntimeError("injected failure") if drawn is not None and item.seq.request_id in names else drawn
+        for item, drawn in zip(out.scheduled, output.sampled, strict=True)
+    ]
+    verifiers = {rid: _failing(v) if rid in names else v for rid, v in output.verifiers.items()}
+    return dataclasses.replace(output, sampled=sampled, verifiers=verifiers)
+
+
+def _failing(verify: VerifyRows) -> VerifyRows:
+    """``verify`` whose first emitted token raises (after its draw, as a failing append would)."""
+
+    def emit_fails(choice: Sample) -> bool:
+        raise RuntimeError("injected failure")
+
+    return lambda reached, emit: verify(reached, emit_fails)
 
 
 class LLM:

@@ -1,26 +1,25 @@
-"""Continuous batching: who runs this step, with how many tokens, and who is preempted.
+"""Continuous batching: who runs this step, with how many tokens, and who is preempted (``schedule``);
+after the forward, what the step's draws do to each request (``update_from_output``).
 
-schedule() in one paragraph: a step has a token budget (max_num_batched_tokens). Running requests go
-first: every decode (one token each), then the next prefill chunk of requests still prefilling. A
-prompt is cut at fixed multiples of prefill_chunk from position 0, so where it is cut never depends
-on load; a chunk that does not fit the budget waits for the next step rather than being cut smaller.
-Each scheduled request gets the KV blocks its new tokens need; when the pool runs dry, the least
-urgent, most recently admitted running request is preempted by recompute (its blocks freed, its
-computed count reset, back to the front of its priority class in the waiting queue). Then waiting
-requests are admitted while seats (max_num_seqs), budget and blocks allow, in order of priority
-(lower value first), then the tenant served the fewest weighted tokens (virtual token counters,
-after VTC), then arrival; a waiting request more urgent than a running one may preempt it. On
-admission a request first takes the cached blocks that match its prompt's prefix.
+The engine's step crosses two boundaries, each with its result object (as in vLLM v1):
+SchedulerOutput (schedule -> execute: who runs, with how many tokens) and ModelRunnerOutput
+(execute -> update: what each request drew); update_from_output answers with a StepUpdate. The
+engine never touches the block pool or a request's bookkeeping; the scheduler never sees logits.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
 from engine.kv.block_pool import BlockPool
+from engine.layers.sampler import Sample
+from engine.outputs import FinishReason
 from engine.sequence import Sequence, Status
+from engine.spec.verifier import VerifyResult
+from engine.stop_check import check_stop
 
 INPUT_WEIGHT = 1.0  # VTC weights: a prompt token
 OUTPUT_WEIGHT = 2.0  # a generated token costs more to serve
@@ -42,6 +41,36 @@ class SchedulerOutput:
     @property
     def num_tokens(self) -> int:
         return sum(s.num_new_tokens for s in self.scheduled)
+
+
+# a speculating request's verification bound to the step's logits (Speculator.verify): called as
+# ``verify(reached, emit)``, ``reached(i)`` before row i is drawn (rows 0..i hold real tokens) and
+# ``emit(sample)`` for each token it emits (True: the request finished); raises what a draw raises
+VerifyRows = Callable[[Callable[[int], None], Callable[[Sample], bool]], VerifyResult]
+
+
+@dataclass(frozen=True)
+class ModelRunnerOutput:
+    """What a step's forward drew (execute -> update_from_output; as vLLM v1's ModelRunnerOutput).
+
+    ``sampled[i]`` for ``SchedulerOutput.scheduled[i]``: the token its last row drew, the sampler's
+    error in its place, or None when it drew nothing (its chunk stops short of its tokens' end, or it
+    speculates). ``verifiers``: the speculating requests by id, each with the walk over its rows (its
+    tokens are drawn one at a time as the update emits them). ``now``: when the step's tokens were drawn."""
+
+    sampled: list[Sample | Exception | None]
+    verifiers: dict[str, VerifyRows]
+    now: float
+
+
+@dataclass(frozen=True)
+class StepUpdate:
+    """What ``update_from_output`` did: every request that advanced (drew a token or finished), in
+    step order, finished ones included (their blocks freed); ``verified``: those of them that verified
+    proposals and still run (their blocks past the kept tokens given back)."""
+
+    advanced: list[Sequence]
+    verified: list[Sequence]
 
 
 @dataclass
@@ -70,6 +99,7 @@ class Scheduler:
         model_key: str,
         fair: bool = True,
         context_keyed: bool = False,
+        stop_token_ids: frozenset[int] = frozenset(),
     ):
         self.config = config
         self.pool = pool
@@ -77,11 +107,13 @@ class Scheduler:
         # the model computes context rows differently (PagedLlama.splits_context_rows): hash their count
         self.context_keyed = context_keyed
         self.fair = fair
+        self.stop_token_ids = stop_token_ids  # tokens that end a request (unless it ignores EOS)
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.counters = TenantCounters()
         self._admissions = 0
         self.num_preemptions = 0
+        self.num_generated_tokens = 0
         self._preempted: list[Sequence] = []  # this step's victims, for SchedulerOutput
 
     # ---- queue management -------------------------------------------------------------------
@@ -98,6 +130,14 @@ class Scheduler:
         if seq in self.running:
             self.running.remove(seq)
         self._release(seq)
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        """End a request (stop, length, error or abort) and give its blocks back (mutates)."""
+        seq.finish_reason = reason
+        seq.status = Status.FINISHED
+        seq.finish_time = time.perf_counter()
+        seq.draft_token_ids = []
+        self.remove(seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -204,6 +244,21 @@ class Scheduler:
 
     # ---- the step -----------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        """This step's work (mutates the queues, block tables and the pool; stamps each request's first
+        scheduled time)."""
+        # The algorithm: a step has a token budget (max_num_batched_tokens). Running requests go
+        # first: every decode (one token each, or 1 + k when verifying k proposals), then the next
+        # prefill chunk of requests still prefilling. A prompt is cut at fixed multiples of
+        # prefill_chunk from position 0, so where it is cut never depends on load; a chunk that does not
+        # fit the budget waits for the next step rather than being cut smaller (a verify that does not
+        # fit drops its proposals: a plain decode). Each scheduled request gets the KV blocks its new
+        # tokens need; when the pool runs dry, the least urgent, most recently admitted running request
+        # is preempted by recompute (its blocks freed, its computed count reset, back to the front of
+        # its priority class in the waiting queue). Then waiting requests are admitted while seats
+        # (max_num_seqs), budget and blocks allow, in order of priority (lower value first), then the
+        # tenant served the fewest weighted tokens (virtual token counters, after VTC), then arrival; a
+        # waiting request more urgent than a running one may preempt it. On admission a request first
+        # takes the cached blocks that match its prompt's prefix.
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         protected: set[int] = set()
@@ -227,6 +282,10 @@ class Scheduler:
             scheduled.append(ScheduledRequest(seq, num_new))
             budget -= num_new
         self._admit(scheduled, protected, budget)
+        now = time.perf_counter()
+        for item in scheduled:
+            if item.seq.first_scheduled_time is None:
+                item.seq.first_scheduled_time = now
         return SchedulerOutput(scheduled, list(self._preempted))
 
     def _admit(self, scheduled: list[ScheduledRequest], protected: set[int], budget: int) -> None:
@@ -282,3 +341,77 @@ class Scheduler:
         """Account a step's service to the request's tenant (VTC)."""
         prompt_part = max(0, min(num_new, len(seq.prompt_token_ids) - (seq.num_computed_tokens - num_new)))
         self.counters.charge(seq.tenant, INPUT_WEIGHT * prompt_part + (OUTPUT_WEIGHT if sampled else 0.0))
+
+    # ---- after the forward ----------------------------------------------------------------------
+    def update_from_output(self, out: SchedulerOutput, output: ModelRunnerOutput) -> StepUpdate:
+        """Apply the step's draws, request by request in step order (mutates the requests, the queues,
+        the pool and the tenant counters): count the tokens computed (their full blocks indexed in the
+        prefix cache, the tenant charged), append the token drawn and check the request's stops
+        (finishing it frees its blocks); a speculating request's rows are verified one token at a
+        time. A request whose draw or grammar fails finishes with an error; the others go on."""
+        advanced: list[Sequence] = []
+        verified: list[Sequence] = []
+        for item, drawn in zip(out.scheduled, output.sampled, strict=True):
+            seq = item.seq
+            verify = output.verifiers.get(seq.request_id)
+            if verify is not None:
+                if self._update_verified(seq, verify, output.now):
+                    verified.append(seq)
+                advanced.append(seq)
+                continue
+            seq.num_computed_tokens += item.num_new_tokens
+            self.register_computed(seq)
+            self.charge(seq, item.num_new_tokens, drawn is not None)
+            if drawn is not None:
+                self._append_or_fail(seq, drawn, output.now)
+                advanced.append(seq)
+        return StepUpdate(advanced, verified)
+
+    def _update_verified(self, seq: Sequence, verify: VerifyRows, now: float) -> bool:
+        """Walk a speculating request's rows (``verify``): each row reached counts its token as computed
+        (prefix cache), each token emitted is appended and checked for stops. Then charge the rows that
+        hold real tokens and give back the blocks past them (mutates). True when it still runs."""
+        start = seq.num_computed_tokens
+
+        def reached(i: int) -> None:
+            seq.num_computed_tokens = start + i + 1  # rows 0..i hold real tokens
+            self.register_computed(seq)
+
+        def emit(choice: Sample) -> bool:
+            self._append(seq, choice, now)
+            return seq.finished
+
+        try:
+            verdict = verify(reached, emit)
+        except Exception as exc:  # noqa: BLE001 - one request's failure must not take down the batch
+            self._fail(seq, exc)
+            return False
+        self.charge(seq, verdict.valid_rows, True)
+        if seq.finished:
+            return False
+        seq.num_computed_tokens = start + verdict.valid_rows
+        self.trim(seq)
+        return True
+
+    def _append_or_fail(self, seq: Sequence, drawn: Sample | Exception, now: float) -> None:
+        """Append the request's draw; a failing draw or grammar finishes it with an error (mutates)."""
+        try:
+            self._append(seq, drawn, now)
+        except Exception as exc:  # noqa: BLE001 - one request's failure must not take down the batch
+            self._fail(seq, exc)
+
+    def _append(self, seq: Sequence, drawn: Sample | Exception, now: float) -> None:
+        """Append a drawn token and finish the request when it stops there (mutates); raises the
+        sampler's error in its place, or the grammar's refusal."""
+        if isinstance(drawn, Exception):
+            raise drawn
+        seq.append_token(drawn, now)
+        self.num_generated_tokens += 1
+        reason = check_stop(seq, drawn.token_id, self.stop_token_ids)
+        if reason is not None:
+            self.finish(seq, reason)
+
+    def _fail(self, seq: Sequence, exc: Exception) -> None:
+        """Finish the request with an error that names ``exc`` (mutates)."""
+        seq.error = f"{type(exc).__name__}: {exc}"
+        self.finish(seq, "error")

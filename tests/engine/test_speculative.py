@@ -297,7 +297,7 @@ def test_a_draft_model_s_memory_is_in_its_target_s_footprint(draft: str) -> None
         spec, engine=dataclasses.replace(settings, speculative=None, draft_model=None)
     )
     llm = LLM("tiny", **settings.as_fields())
-    held = llm.engine._proposer.weight_bytes  # type: ignore[union-attr]
+    held = llm.engine._speculator.proposer.weight_bytes  # type: ignore[union-attr]
     with_draft = footprint_of_spec(spec)
     assert with_draft.draft_bytes == held > 0
     assert with_draft.total_bytes == footprint_of_spec(plain).total_bytes + held
