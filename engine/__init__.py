@@ -6,14 +6,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig, ModelConfig
-    from engine.llm_engine import LLM, Engine
+    from engine.llm import LLM
+    from engine.llm_engine import Engine
     from engine.outputs import RequestOutput
     from engine.sampling_params import SamplingParams
 
 __all__ = ["LLM", "Engine", "EngineConfig", "ModelConfig", "RequestOutput", "SamplingParams"]
 
 _EXPORTS = {
-    "LLM": "engine.llm_engine",
+    "LLM": "engine.llm",
     "Engine": "engine.llm_engine",
     "EngineConfig": "engine.config",
     "ModelConfig": "engine.config",

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.errors import InvalidRequestError, UnsupportedModelError
-from engine.settings import DTYPE_NAMES, EngineSettings, check_kv_cache_dtype, check_positive
-from engine.spec.config import SpecConfig
+from engine.settings import DTYPE_NAMES, EngineSettings, SpecConfig, check_kv_cache_dtype, check_positive
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3")
 ROPE_SCALINGS = ("linear", "llama3", "divisors", "longrope", "yarn")

@@ -12,28 +12,25 @@ from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from concurrent.futures import Future
 from types import MappingProxyType
-from typing import Any, cast
 
 import torch
 
 from engine.config import EngineConfig, ModelConfig, resolve_device
-from engine.drive import Arrival, drive
 from engine.errors import CapacityError, InvalidRequestError
 from engine.kv.block_pool import BlockPool
 from engine.kv.cache import KVCache
 from engine.layers.sampler import Sample, SampleRequest, sample_batch
-from engine.loader import ChatTokenizer, IncrementalDetokenizer, LoadedModel, load_model
+from engine.loader import ChatTokenizer, IncrementalDetokenizer, LoadedModel
 from engine.model_runner import ModelRunner
 from engine.models.llama import Faults, PagedLlama
-from engine.mux.memory import reclaim
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput, VerifyRows
 from engine.sequence import Sequence
 from engine.snapshot import EngineCounters, EngineSnapshot, RequestView
-from engine.spec.proposers import make_proposer
-from engine.spec.speculator import Speculator
-from engine.spec.verifier import Verify, VerifyFaults, verify_run, verify_run_with_faults
+from engine.speculative.proposers import make_proposer
+from engine.speculative.speculator import Speculator
+from engine.speculative.verifier import Verify, VerifyFaults, verify_run, verify_run_with_faults
 from engine.structured import GrammarCompiler, GrammarMatcher, MaskWorker, TokenMask
 
 # runs a step's forward and draws its tokens: Engine._execute, or under a fault hook a wrapper
@@ -399,59 +396,6 @@ def _failing(verify: VerifyRows) -> VerifyRows:
         raise RuntimeError("injected failure")
 
     return lambda reached, emit: verify(reached, emit_fails)
-
-
-class LLM:
-    """Load a model and generate: ``LLM("smollm2").chat(messages, SamplingParams(max_tokens=32))``."""
-
-    def __init__(
-        self,
-        model: str,
-        dtype: str = "float32",
-        device: str = "auto",
-        batch_invariant: bool = True,
-        **engine_config: Any,  # further EngineConfig fields; EngineConfig checks their values
-    ):
-        self.config = EngineConfig(
-            dtype=dtype, device=device, batch_invariant=batch_invariant, **engine_config
-        )
-        loaded = load_model(model)
-        self.model_config: ModelConfig = loaded.config
-        self.tokenizer: ChatTokenizer = loaded.tokenizer
-        self.source = loaded.source
-        self.engine = Engine(loaded, self.config)
-        del loaded  # the file's tensors: the engine holds its own packed copies now
-        reclaim()  # give the loader's transient memory (parsed metadata, raw blocks) back to the system
-
-    def generate(
-        self,
-        prompts: str | list[str] | list[int] | list[list[int]],
-        params: SamplingParams | Seq[SamplingParams] | None = None,
-    ) -> list[RequestOutput]:
-        """Run every prompt (text or token ids) to completion, batched; outputs in prompt order.
-        ``params`` is one SamplingParams for all prompts or a list, one per prompt (as in vLLM)."""
-        batch: Seq[str | list[int]]
-        if isinstance(prompts, str):
-            batch = [prompts]
-        elif prompts and isinstance(prompts[0], int):
-            batch = [cast("list[int]", prompts)]  # the declared lists are homogeneous: one prompt of ids
-        else:
-            batch = cast("list[str] | list[list[int]]", prompts)  # likewise: no item is an int
-        ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in batch]
-        if params is None or isinstance(params, SamplingParams):
-            per_prompt = [params or SamplingParams()] * len(ids)
-        else:
-            per_prompt = list(params)
-            if len(per_prompt) != len(ids):
-                raise InvalidRequestError(
-                    f"{len(per_prompt)} sampling params for {len(ids)} prompts: give one, or one per prompt"
-                )
-        return drive(self.engine, [Arrival(p, sp) for p, sp in zip(ids, per_prompt, strict=True)]).outputs()
-
-    def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None) -> RequestOutput:
-        """One assistant turn for ``messages`` rendered with the model's chat template."""
-        ids = self.tokenizer.encode_chat(messages, add_generation_prompt=True)
-        return drive(self.engine, [Arrival(ids, params or SamplingParams())]).outputs()[0]
 
 
 def _view(seq: Sequence) -> RequestView:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.kv.cache import KVCache
 from engine.models.llama import AttentionGroup, ForwardBatch, PagedLlama
-from engine.scheduler import SchedulerOutput
+
+if TYPE_CHECKING:
+    from engine.scheduler import SchedulerOutput  # the scheduler is above the runner: types only
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,7 @@ class ModelRunner:
     def build(self, out: SchedulerOutput) -> tuple[ForwardBatch, list[int | None]]:
         """The step's ForwardBatch, and per scheduled request (in ``out.scheduled`` order) the index of
         its row in the returned logits, or None when this step does not reach the end of its tokens.
-        A request verifying k proposals (engine/spec) forwards its last token and the proposals as
+        A request verifying k proposals (engine/speculative) forwards its last token and the proposals as
         k + 1 rows, all of them sampled: its logits rows are index - k .. index.
 
         A request's rows before its last prompt token are context rows (a span of their own); the

@@ -18,7 +18,7 @@ from engine.kv.block_pool import BlockPool
 from engine.layers.sampler import Sample
 from engine.outputs import FinishReason
 from engine.sequence import Sequence, Status
-from engine.spec.verifier import VerifyResult
+from engine.speculative.verifier import VerifyResult
 from engine.stop_check import check_stop
 
 INPUT_WEIGHT = 1.0  # VTC weights: a prompt token

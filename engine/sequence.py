@@ -11,7 +11,7 @@ from engine.layers.sampler import Sample
 from engine.loader.tokenizer import IncrementalDetokenizer
 from engine.outputs import FinishReason, RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.spec.adaptive import SpecBackoff
+from engine.speculative.adaptive import SpecBackoff
 from engine.structured.matcher import GrammarMatcher
 
 

@@ -107,7 +107,7 @@ def fcfs_scheduling(engine: Engine) -> Iterator[None]:
 
 @contextmanager
 def _verifier_fault(engine: Engine, **fault: bool) -> Iterator[None]:
-    from engine.spec.verifier import VerifyFaults
+    from engine.speculative.verifier import VerifyFaults
 
     engine._verify_faults = VerifyFaults(**fault)
     try:

@@ -12,7 +12,7 @@ import torch
 
 from engine import testing
 from engine.drive import Arrival, drive
-from engine.llm_engine import LLM
+from engine.llm import LLM
 from engine.models.reference import ReferenceLlama
 from engine.sampling_params import SamplingParams
 from gates.framework import Gate, GateRun

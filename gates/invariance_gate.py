@@ -32,7 +32,7 @@ import torch
 from engine import kernels, testing
 from engine.config import EngineConfig
 from engine.kernels.quant_pack import pack_quantized
-from engine.llm_engine import LLM
+from engine.llm import LLM
 from engine.loader import load_config
 from engine.quantized import quantize_q8_0
 from engine.settings import ACTIVATION_MODES

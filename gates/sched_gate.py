@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine import testing
-from engine.llm_engine import LLM
+from engine.llm import LLM
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.workload import LengthRange, WorkloadRequest, WorkloadSpec, make_workload

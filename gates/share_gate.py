@@ -15,7 +15,8 @@ from typing import Any
 
 from engine import testing
 from engine.drive import Arrival, drive
-from engine.llm_engine import LLM, Engine
+from engine.llm import LLM
+from engine.llm_engine import Engine
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.scheduler import INPUT_WEIGHT, OUTPUT_WEIGHT

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine import testing
-from engine.llm_engine import LLM
+from engine.llm import LLM
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from gates.framework import Gate, GateRun

@@ -20,7 +20,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine import testing
-from engine.llm_engine import LLM, Engine
+from engine.llm import LLM
+from engine.llm_engine import Engine
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.structured import Grammar

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.llm_engine import LLM
+from engine.llm import LLM
 from engine.loader import LoadedModel, load_model
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

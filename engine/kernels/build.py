@@ -120,4 +120,3 @@ def load(verbose: bool = False) -> ModuleType:
             build_directory=str(directory),
             verbose=verbose,
         )
-

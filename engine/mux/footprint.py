@@ -40,7 +40,7 @@ class Footprint:
     kv_bytes_per_block: int
     activation_bytes: int
     max_position_embeddings: int
-    draft_bytes: int = 0  # a speculative draft model's weights and KV pool, held beside (engine/spec)
+    draft_bytes: int = 0  # a speculative draft model's weights and KV pool, held beside (engine/speculative)
 
     @property
     def kv_bytes(self) -> int:
@@ -185,7 +185,7 @@ def _draft_bytes(spec: ModelSpec, draft_model: str) -> int:
     blocks as the target's)."""
     from engine.loader import load_config
     from engine.models.held_weights import held_kv_dtype, held_weight_bytes
-    from engine.spec.footprint import draft_config
+    from engine.speculative.footprint import draft_config
 
     assert spec.source is not None  # footprint_of_spec refused an entry without one
     engine = spec.engine

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import CapacityError, InvalidRequestError, ShuttingDownError, WaitTimeoutError
+from engine.memory import reclaim, sample
 from engine.mux.footprint import Footprint, footprint_of_spec
-from engine.mux.memory import reclaim, sample
 from engine.mux.plans import Hit, Load, Refuse, Wait
 from engine.mux.policies import Policy, make_policy
 from engine.mux.records import LoadRecord, UnloadRecord
@@ -74,7 +74,7 @@ class Resident:
 
 def load_llm(spec: ModelSpec, device: str = "auto") -> Any:
     """The default loader: ``engine.LLM`` with the entry's engine settings."""
-    from engine import LLM
+    from engine.llm import LLM
 
     # ModelPool._spec refuses a declared-size entry before it reaches a loader
     assert spec.source is not None, f"model {spec.name!r} has only a declared size"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.memory import MemorySample
 from engine.mux.footprint import Footprint
-from engine.mux.memory import MemorySample
 
 
 @dataclass(frozen=True)

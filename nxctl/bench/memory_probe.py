@@ -65,8 +65,8 @@ def probe(
     import torch
 
     from engine import kernels
-    from engine.llm_engine import LLM
-    from engine.mux.memory import reclaim, rss_bytes
+    from engine.llm import LLM
+    from engine.memory import reclaim, rss_bytes
     from engine.sampling_params import SamplingParams
 
     kernels.backend()

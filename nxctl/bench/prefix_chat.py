@@ -13,7 +13,8 @@ import statistics
 from dataclasses import dataclass
 
 from engine.drive import Arrival, drive
-from engine.llm_engine import LLM, Engine
+from engine.llm import LLM
+from engine.llm_engine import Engine
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from nxctl.bench.serving_metrics import percentile

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from engine.drive import Arrival, drive
-from engine.llm_engine import LLM
+from engine.llm import LLM
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.structured import Grammar

@@ -13,7 +13,7 @@ import typer
 
 from engine.drive import Arrival, drive
 from engine.errors import NxError
-from engine.llm_engine import LLM
+from engine.llm import LLM
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.structured import Grammar

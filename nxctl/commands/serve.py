@@ -91,7 +91,7 @@ def listen(host: str, port: int) -> socket.socket:
 
 def run_seat(settings: SeatSettings, threads: int | None = None) -> None:
     """Load the models, serve until SIGINT / SIGTERM, drain, stop (glue over nxctl.server)."""
-    from engine.mux.memory import limit_malloc_arenas, settle_long_running_process
+    from engine.memory import limit_malloc_arenas, settle_long_running_process
     from nxctl.server.app import create_app, preload_models
     from nxctl.server.tracing import provider_from_env, traces_endpoint
     from nxctl.server.uvicorn_seat import make_server

@@ -100,7 +100,9 @@ class LoopStats:
     preemptions: int = 0
     steps: int = 0
     max_requests_in_step: int = 0  # the most requests one step has advanced since the model loaded
-    spec_drafts: int = 0  # speculative decoding (engine/spec): rounds verified, tokens proposed, accepted
+    spec_drafts: int = (
+        0  # speculative decoding (engine/speculative): rounds verified, tokens proposed, accepted
+    )
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
     spec_accepted_per_pos: tuple[int, ...] = ()

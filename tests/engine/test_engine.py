@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.errors import CapacityError, InvalidRequestError
-from engine.llm_engine import LLM
+from engine.llm import LLM
 from engine.models.reference import ReferenceLlama
 from engine.sampling_params import SamplingParams
 

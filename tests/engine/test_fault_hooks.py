@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 
 from engine import testing
-from engine.llm_engine import LLM, Engine
+from engine.llm import LLM
+from engine.llm_engine import Engine
 from engine.models.llama import Faults
 from engine.sampling_params import SamplingParams
-from engine.spec.verifier import VerifyFaults
+from engine.speculative.verifier import VerifyFaults
 from engine.structured.grammar import Grammar
 
 PARAMS = [

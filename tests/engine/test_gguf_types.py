@@ -14,7 +14,7 @@ import torch
 from engine.config import ModelConfig
 from engine.errors import ModelFileError, UnsupportedModelError
 from engine.kernels.quant_pack import pack_quantized, unpack_quantized
-from engine.llm_engine import LLM
+from engine.llm import LLM
 from engine.loader import load_config, load_model
 from engine.loader.gguf_file import _hf_name, _unpermute, gguf_weights, open_reader
 from engine.models.held_weights import held_weight_bytes

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import InvalidRequestError
-from engine.llm_engine import LLM
+from engine.llm import LLM
 from engine.mux.registry import parse_registry
 from engine.sampling_params import SamplingParams
 from engine.settings import EngineSettings

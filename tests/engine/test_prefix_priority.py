@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine.drive import drive
-from engine.llm_engine import LLM
+from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)

@@ -16,7 +16,8 @@ import torch
 from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
 from engine.kernels.quant_pack import DOT, WIDE
-from engine.llm_engine import LLM, Engine
+from engine.llm import LLM
+from engine.llm_engine import Engine
 from engine.loader import LoadedModel
 from engine.models.held_weights import held_weight_bytes
 from engine.quantized import QuantizedWeight, quantize_q8_0

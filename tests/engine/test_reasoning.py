@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.llm_engine import LLM
+from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from engine.structured import Grammar
 from engine.structured.reasoning import CLOSE, OPEN, ReasoningStream, after_thinking, reasons, split_reasoning

@@ -6,7 +6,7 @@ import random
 
 from engine import testing
 from engine.drive import drive
-from engine.llm_engine import LLM
+from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=12, ignore_eos=True)

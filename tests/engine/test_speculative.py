@@ -11,11 +11,11 @@ import pytest
 from engine import testing
 from engine.errors import InvalidRequestError, NxError
 from engine.layers.sampler import Sample
-from engine.llm_engine import LLM
+from engine.llm import LLM
 from engine.sampling_params import SamplingParams
-from engine.spec.adaptive import SpecBackoff
-from engine.spec.ngram import propose_ngram
-from engine.spec.verifier import VerifyFaults, verify_run, verify_run_with_faults
+from engine.speculative.adaptive import SpecBackoff
+from engine.speculative.ngram import propose_ngram
+from engine.speculative.verifier import VerifyFaults, verify_run, verify_run_with_faults
 from gates.runs import run_together
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"

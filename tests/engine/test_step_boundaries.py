@@ -13,10 +13,10 @@ from engine.loader import ChatTokenizer, IncrementalDetokenizer, load_tokenizer
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ModelRunnerOutput, Scheduler
 from engine.sequence import Sequence, Status
+from engine.settings import SpecConfig
 from engine.snapshot import EngineCounters
-from engine.spec.config import SpecConfig
-from engine.spec.speculator import Speculator
-from engine.spec.verifier import VerifyResult
+from engine.speculative.speculator import Speculator
+from engine.speculative.verifier import VerifyResult
 from engine.stop_check import check_stop
 
 BLOCK = 4

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine.errors import ModelFileError, UnknownModelError, UnsafeModelNameError
-from engine.llm_engine import LLM
+from engine.llm import LLM
 from engine.loader import hf_cache, load_model, ollama_store, resolve_model
 from engine.sampling_params import SamplingParams
 from tests.store_layout import cache_hf, pull_ollama

@@ -12,7 +12,7 @@ import pytest
 
 from engine import testing
 from engine.errors import InvalidRequestError
-from engine.llm_engine import LLM
+from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from engine.structured import Grammar
 from tests.engine_runs import run_to_end

@@ -9,7 +9,7 @@ from engine.loader import load_config
 from engine.loader.hf_folder import folder_tokenizer
 from engine.loader.sources import FIXTURES
 from engine.loader.tokenizer import ChatTokenizer
-from engine.mux.memory import reclaim, rss_bytes
+from engine.memory import reclaim, rss_bytes
 
 MB = 1 << 20
 

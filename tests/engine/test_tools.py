@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.errors import InvalidRequestError
-from engine.llm_engine import LLM
+from engine.llm import LLM
 from engine.loader.tokenizer import ChatTokenizer
 from engine.sampling_params import SamplingParams
 from engine.structured.tools import (

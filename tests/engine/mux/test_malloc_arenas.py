@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(
 SCRIPT = textwrap.dedent(
     """
     import ctypes, ctypes.util, re, sys, tempfile, threading
-    from engine.mux.memory import limit_malloc_arenas
+    from engine.memory import limit_malloc_arenas
 
     capped = limit_malloc_arenas() if sys.argv[1] == "cap" else None
     gate = threading.Barrier(8)

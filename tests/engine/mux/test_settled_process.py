@@ -11,8 +11,8 @@ import textwrap
 SCRIPT = textwrap.dedent(
     """
     import gc, weakref
-    from engine.llm_engine import LLM
-    from engine.mux.memory import reclaim, settle_long_running_process
+    from engine.llm import LLM
+    from engine.memory import reclaim, settle_long_running_process
 
     settle_long_running_process()
     frozen = gc.get_freeze_count()

@@ -25,7 +25,7 @@ from engine.loader import LoadedModel, load_model
 from engine.model_runner import RowSpan, lay_out
 from engine.models.llama import Faults, PagedLlama
 from engine.sequence import Sequence
-from engine.spec.config import SpecConfig
+from engine.settings import SpecConfig
 
 CATCH_UP_CHUNK = 512  # most rows of one request's catch-up in one draft forward
 SELF_DRAFT = "layers:"

@@ -7,8 +7,8 @@ from typing import Protocol
 from engine.config import EngineConfig
 from engine.loader import LoadedModel
 from engine.sequence import Sequence
-from engine.spec.config import SpecConfig
-from engine.spec.ngram import propose_ngram
+from engine.settings import SpecConfig
+from engine.speculative.ngram import propose_ngram
 
 
 class Proposer(Protocol):
@@ -49,7 +49,7 @@ def make_proposer(spec: SpecConfig, target: LoadedModel, config: EngineConfig) -
     if spec.method == "ngram":
         return NgramProposer(spec)
     if spec.method == "draft":
-        from engine.spec.draft import DraftProposer
+        from engine.speculative.draft import DraftProposer
 
         return DraftProposer(spec, target, config)
     return None

@@ -11,15 +11,18 @@ returns at once: one check per step, none per token.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from engine.layers.sampler import Sample
-from engine.scheduler import StepUpdate
 from engine.sequence import Sequence
-from engine.snapshot import EngineCounters
-from engine.spec.adaptive import SpecBackoff
-from engine.spec.config import SpecConfig
-from engine.spec.proposers import Proposer
-from engine.spec.verifier import Verify, VerifyResult
+from engine.settings import SpecConfig
+from engine.speculative.adaptive import SpecBackoff
+from engine.speculative.proposers import Proposer
+from engine.speculative.verifier import Verify, VerifyResult
+
+if TYPE_CHECKING:  # the step's bookkeeping is above speculation: its types only
+    from engine.scheduler import StepUpdate
+    from engine.snapshot import EngineCounters
 
 
 class Speculator:
@@ -74,7 +77,7 @@ class Speculator:
         emit: Callable[[Sample], bool],
     ) -> VerifyResult:
         """Verify a speculating request's step: its rows follow its last token and its k proposals;
-        ``walk`` (engine/spec/verifier.py) samples them one at a time, ``reached(i)`` before row i is
+        ``walk`` (engine/speculative/verifier.py) samples them one at a time, ``reached(i)`` before row i is
         drawn (rows 0..i hold real tokens), ``draw(i)`` draws it, ``emit`` appends the draw (True: the
         request finished). Takes the request's proposals (mutates ``draft_token_ids``), records the
         round in its back-off and in the engine's counters; raises what the walk raises (nothing is

@@ -1,6 +1,6 @@
 """When to speculate: per request, propose as far as its recent acceptance makes worth while and back
 off after proposals that were all rejected; per step, pause while the batch is large
-(engine/spec/config.py ``max_batch``)."""
+(engine/settings.py SpecConfig ``max_batch``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A draft model's config, for the footprint of its target (engine/mux/footprint.py counts its weights
-as held and a KV pool of its own, as many blocks as the target's: engine/spec/draft.py)."""
+as held and a KV pool of its own, as many blocks as the target's: engine/speculative/draft.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 
 from engine.config import ModelConfig
 from engine.errors import InvalidRequestError
-from engine.spec.draft import SELF_DRAFT
+from engine.speculative.draft import SELF_DRAFT
 
 
 def draft_config(draft_model: str, target: ModelConfig) -> ModelConfig:
