@@ -1,7 +1,7 @@
 """engine.kernels against plain torch, on whichever backend this process runs (NXCTL_KERNELS picks it
 before the first call: run this file once per backend to cover all three).
 
-What tests/engine/test_kernels.py leaves out and this file adds:
+What tests/engine/kernels/test_kernels.py leaves out and this file adds:
   invariance  one row alone, and among 1, 2, 7 and 33 rows at the start, middle and end of the batch,
               beside rows other than its usual neighbours, at 1 and 2 threads, for every kernel and dtype
               (attention included, with the request's table at another row of ``tables``);

@@ -18,7 +18,7 @@ from engine.speculative.ngram import propose_ngram
 from engine.speculative.verifier import VerifyFaults, verify_run, verify_run_with_faults
 from gates.runs import run_together
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[3] / "fixtures"
 TINY = str(FIXTURES / "tiny")
 
 

@@ -21,7 +21,7 @@ from engine.models.held_weights import held_weight_bytes
 from engine.quantized import QuantizedWeight, dense
 from engine.sampling_params import SamplingParams
 
-GGUF_DIR = Path(__file__).resolve().parents[2] / "fixtures" / "gguf"
+GGUF_DIR = Path(__file__).resolve().parents[3] / "fixtures" / "gguf"
 FILES = sorted(GGUF_DIR.glob("llama-*.gguf"))
 K_QUANTS = ["llama-q4_k_m.gguf", "llama-q6_k.gguf", "llama-q3_k_m.gguf", "llama-iq4_xs.gguf"]
 

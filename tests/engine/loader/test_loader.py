@@ -10,7 +10,7 @@ import pytest
 from engine.errors import ModelFileError, UnknownModelError, UnsupportedModelError
 from engine.loader import load_config, load_model, resolve_model
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[3] / "fixtures"
 
 
 def test_named_models_resolve() -> None:

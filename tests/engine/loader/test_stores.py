@@ -14,7 +14,7 @@ from engine.loader import hf_cache, load_model, ollama_store, resolve_model
 from engine.sampling_params import SamplingParams
 from tests.store_layout import cache_hf, pull_ollama
 
-TINY = Path(__file__).resolve().parents[2] / "fixtures" / "tiny"
+TINY = Path(__file__).resolve().parents[3] / "fixtures" / "tiny"
 PARAMS = {"stop": ["<|im_start|>", "<|im_end|>"], "temperature": 0.2, "top_k": 7, "num_ctx": 4096}
 
 

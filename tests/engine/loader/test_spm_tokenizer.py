@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from engine.loader.gguf_spm import SPACE, spm_specials, spm_tokenizer
 
-FAMILIES = Path(__file__).resolve().parents[2] / "fixtures" / "families"
+FAMILIES = Path(__file__).resolve().parents[3] / "fixtures" / "families"
 SPM_FAMILIES = ["gemma3", "phi3"]
 SPECIAL_TEXT = {  # each family's turn markers, and its BOS / EOS, written in text
     "gemma3": "<bos><start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n4<end_of_turn>\n<eos>",

@@ -16,7 +16,7 @@ from torch.utils import cpp_extension
 
 from engine.kernels import build
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 # takes the lock and marks a build in progress as torch's loader does, then holds it until told
 HOLDER = """
