@@ -2,14 +2,15 @@
 
 A generation request passes each stage once, in this order (openai_api.py / ollama_api.py conduct):
 
-    1. parse.py             the JSON body against its pydantic schema (schemas_openai.py, schemas_ollama.py)
+    1. request_context.py   the JSON body against its pydantic schema (schemas_openai.py, schemas_ollama.py),
+                            the request's id, arrival, timeline; its log-line facts and dead letters
        lease.py             the model held for the request (ModelLease), and the stream that owns it
-    2. to_engine_params.py  the API's fields as engine work: prompt token ids + SamplingParams (Job, Work)
-    3. submit.py            the jobs on the model's engine loop (queue limit, request id), outputs as they come
-    4. results.py           the outputs streamed as deltas (streaming.py: stop-string hold-back) or collected
-    5. openai_format.py     OpenAI bodies and SSE chunks; ollama_format.py: Ollama bodies and NDJSON lines
+    2. to_engine_params.py  the API's fields as engine work: prompt token ids + SamplingParams
+    3. generation.py        the jobs (Job, Work) on the model's engine loop (queue limit), their outputs
+                            streamed as deltas (streaming.py: stop-string hold-back) or collected
+    4. openai_format.py     OpenAI bodies and SSE chunks; ollama_format.py: Ollama bodies and NDJSON lines
 
-Shared by the stages: seat.py (the seat's state, log-line facts, dead letters), api_errors.py (APIError and
+Shared by the stages: seat.py (the seat's state, the lease of a model), api_errors.py (APIError and
 the JSON error bodies), finish_reasons.py (engine finish reasons as the APIs name them), keep_alive.py
 (KeepAlive), tokens.py (prompt rendering, Ollama truncation, token strings and bytes for logprobs).
 

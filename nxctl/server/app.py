@@ -6,7 +6,7 @@ ones once the seat drains), the API key (every path but /health), the body limit
 
 Start-up builds the model host (registry, budget, engine loops sharing one CoreLease), preloads the
 ``--model`` models and starts the keep_alive reaper; shutdown stops every engine loop (and flushes the
-traces, when tracing). Every error is JSON in the flavour of its API (errors.py); server-side failures
+traces, when tracing). Every error is JSON in the flavour of its API (api_errors.py); server-side failures
 are kept in the dead-letter store.
 """
 
@@ -36,19 +36,21 @@ from nxctl.server.bridge import CoreLease
 from nxctl.server.dlq import DeadLetterStore
 from nxctl.server.drain import Drain
 from nxctl.server.faults import apply_faults, with_engine_faults
+from nxctl.server.generation import ClientGone
 from nxctl.server.host import ModelHost, SeatModel
 from nxctl.server.idle_pool import default_pool
 from nxctl.server.middleware import ApiKey, BodyLimit, BodyTooLarge, RequestLog
 from nxctl.server.models import make_loader, preload_names, seat_registry
 from nxctl.server.prometheus_metrics import CONTENT_TYPE, SeatMetrics
-from nxctl.server.results import ClientGone
-from nxctl.server.seat import Seat, dead_letter, note, seat_of
+from nxctl.server.request_context import dead_letter, note, seat_of
+from nxctl.server.seat import Seat
 from nxctl.server.settings import SeatSettings, default_dlq_path
 from nxctl.server.tracing import SeatTracer, TraceRequests
 
 log = logging.getLogger("nxctl.serve")
 REAP_INTERVAL_S = 0.5
 Loader = Callable[[ModelSpec], SeatModel]
+API_MODULES = (openai_api, ollama_api, responses_api)
 
 
 def build_seat(
@@ -120,9 +122,8 @@ def create_app(
     app = FastAPI(title="nxctl seat", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.seat = seat
     app.state.preload = names
-    app.include_router(openai_api.router)
-    app.include_router(ollama_api.router)
-    app.include_router(responses_api.router)
+    for api in API_MODULES:
+        app.include_router(api.router)
     _add_routes(app)
     _add_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)

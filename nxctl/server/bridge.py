@@ -4,17 +4,17 @@
     ----------------------                          -----------------------------------------
     submit(ids, params, sink) --> inbox (lock) -->  add_request / abort, between two steps
     abort(request_id)         --> inbox        -->  step() under the CoreLease -> RequestOutputs
-    AsyncSink queue  <-- call_soon_threadsafe  <--  sink.put(output)   (cumulative; last one final)
+    sink (an asyncio queue) <-- call_soon_threadsafe <-- sink.put(output)  (cumulative; last one final)
 
 The Engine is not thread-safe, so only the loop thread touches it; other threads only append to the
 inbox under a condition variable and read the published ``LoopStats`` snapshot. The loop idle-waits
 on that condition (never spins). All loops share one ``CoreLease``: one forward at a time, first come
 first served, so several models never oversubscribe the cores (torch's threads are set once per process).
+The HTTP side's Sink is generation.AsyncSink.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import threading
@@ -41,25 +41,6 @@ class Sink(Protocol):
     def put(self, output: RequestOutput) -> None: ...
 
     def fail(self, exc: BaseException) -> None: ...
-
-
-class AsyncSink:
-    """A Sink feeding an asyncio queue on ``loop`` with ``(index, output_or_exception)``."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, index: int = 0) -> None:
-        self._loop, self._queue, self._index = loop, queue, index
-
-    def put(self, output: RequestOutput) -> None:
-        self._send(output)
-
-    def fail(self, exc: BaseException) -> None:
-        self._send(exc)
-
-    def _send(self, item: object) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, (self._index, item))
-        except RuntimeError:  # the event loop is closed: nobody is listening any more
-            pass
 
 
 class CoreLease:

@@ -13,6 +13,7 @@ import re
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import Executor
+from dataclasses import dataclass, field
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -51,31 +52,26 @@ def load_set_off(model: SeatModel, since: float) -> ModelLoad | None:
     return ModelLoad(model.name, model.load_started, model.load_started + model.load_seconds)
 
 
+@dataclass(eq=False)
 class ModelLease:
     """Holds a model busy for one request (never evicted meanwhile); ``keep_alive`` applies on release.
 
     Acquiring may wait for a load or for room, so it runs on ``executor`` (the seat's own pool, never
     the event loop's default one). Releasing is quick bookkeeping done on the event loop, so a release
     can never queue behind waiting acquires; only a release that unloads (keep_alive 0) uses a thread.
-    A load the acquire sets off is recorded on ``timeline`` (when tracing).
+    A load the acquire sets off is recorded on ``timeline`` (when tracing). Entering and leaving it
+    mutates ``seat``, ``load_seconds`` and ``handed_over``.
     """
 
-    def __init__(
-        self,
-        host: ModelHost,
-        name: str,
-        keep_alive: KeepAlive | None = None,
-        timeout: float = 300,
-        executor: Executor | None = None,
-        timeline: RequestTimeline | None = None,
-    ) -> None:
-        self.host, self.name, self.timeout = host, name, timeout
-        self.keep_alive = keep_alive if keep_alive is not None else KeepAlive()
-        self.executor = executor
-        self.timeline = timeline
-        self.seat: SeatModel | None = None
-        self.load_seconds = 0.0
-        self.handed_over = False
+    host: ModelHost
+    name: str
+    keep_alive: KeepAlive = field(default_factory=KeepAlive)
+    timeout: float = 300
+    executor: Executor | None = None
+    timeline: RequestTimeline | None = None
+    seat: SeatModel | None = field(default=None, init=False)  # the model while held
+    load_seconds: float = field(default=0.0, init=False)  # how long the acquire took
+    handed_over: bool = field(default=False, init=False)  # a streaming response releases it
 
     async def __aenter__(self) -> SeatModel:
         """Acquire the model (maybe loading it); an APIError when it cannot be had."""

@@ -83,7 +83,7 @@ class RequestLog:
     `` error='...'`` when it failed and `` id=ID`` when the client sent a plain X-Request-Id (so a client
     can find its own requests in the log).
 
-    Handlers add facts through ``request.state.log`` (see handling.note)."""
+    Handlers add facts through ``request.state.log`` (see request_context.note)."""
 
     def __init__(self, app: ASGIApp, enabled: bool = True) -> None:
         self.app, self.enabled = app, enabled

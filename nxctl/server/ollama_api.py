@@ -1,8 +1,8 @@
 """The Ollama API: /api/chat and /api/generate (NDJSON streaming by default), /api/embed, /api/show,
 /api/tags, /api/ps, /api/version.
 
-/api/chat and /api/generate pass each stage once, in order: parse.parse_body -> seat.lease (with the
-request's keep_alive) -> to_engine_params.ollama_*_work -> submit.submit -> results.stream | collect ->
+/api/chat and /api/generate pass each stage once, in order: request_context.read_request -> seat.lease
+(with the request's keep_alive) -> to_engine_params.ollama_*_work -> generation.stream | collect ->
 ollama_format. An empty ``messages`` (chat) or ``prompt`` (generate) loads the model, or unloads it with
 keep_alive 0, as Ollama does.
 """
@@ -21,19 +21,15 @@ from starlette.responses import JSONResponse, Response
 from nxctl import __version__
 from nxctl.server import ollama_format
 from nxctl.server.embeddings import embed
+from nxctl.server.generation import Work, collect, stream
 from nxctl.server.host import SeatModel
-from nxctl.server.keep_alive import KeepAlive
 from nxctl.server.lease import LeasedStream
 from nxctl.server.model_info import chat_template, iso_time, model_info
 from nxctl.server.ollama_format import NS, Endpoint, OllamaReply
-from nxctl.server.parse import parse_body
-from nxctl.server.results import collect, stream
+from nxctl.server.request_context import RequestContext, note, parse_body, read_request, seat_of
 from nxctl.server.schemas_ollama import ChatRequest, EmbedRequest, GenerateRequest, ShowRequest
-from nxctl.server.seat import note, seat_of
 from nxctl.server.settings import DEFAULT_NUM_CTX
-from nxctl.server.submit import submit
-from nxctl.server.timeline import timeline_of
-from nxctl.server.to_engine_params import Work, ollama_chat_work, ollama_embed_ids, ollama_generate_work
+from nxctl.server.to_engine_params import ollama_chat_work, ollama_embed_ids, ollama_generate_work
 
 router = APIRouter()
 NDJSON = "application/x-ndjson"
@@ -41,39 +37,36 @@ FOREVER = "2318-11-26T00:00:00Z"  # what Ollama's /api/ps shows for a model kept
 ToWork = Callable[[Any, SeatModel, int], Awaitable[Work]]
 
 
-async def _generate(
-    request: Request, req: ChatRequest | GenerateRequest, to_work: ToWork, endpoint: Endpoint
-) -> Response:
+async def _generate(ctx: RequestContext[Any], to_work: ToWork, endpoint: Endpoint) -> Response:
     """One chat or generate turn: NDJSON lines (the stream owns the lease) unless ``stream`` is false."""
-    seat, arrival = seat_of(request), time.perf_counter()
-    lease = seat.lease(req.model, req.keep(), timeline_of(request))
+    req = ctx.body
+    lease = ctx.seat.lease(req.model, req.keep(), ctx.timeline)
     async with lease as model:
-        work = await to_work(req, model, seat.settings.default_max_tokens)
-        gen = submit(request, model, work, "ollama", arrival)
+        work = await to_work(req, model, ctx.seat.settings.default_max_tokens)
         reply = OllamaReply(
             req.model,
             endpoint,
             model.tokenizer,
             bool(req.logprobs),
-            arrival,
+            ctx.arrival,
             lease.load_seconds,
             work.shape,
         )
         if req.stream is not False:
-            return LeasedStream(ollama_format.ndjson(stream(request, gen), reply), lease, NDJSON)
-        (out,) = await collect(request, gen)
+            return LeasedStream(ollama_format.ndjson(stream(ctx, model, work), reply), lease, NDJSON)
+        (out,) = await collect(ctx, model, work)
         return JSONResponse(ollama_format.answer(reply, out))
 
 
-async def _load_or_unload(request: Request, name: str, keep: KeepAlive, endpoint: Endpoint) -> Response:
+async def _load_or_unload(ctx: RequestContext[Any], endpoint: Endpoint) -> Response:
     """Ollama's empty request: load the model (done_reason "load"), or unload it with keep_alive 0."""
-    seat = seat_of(request)
+    name, keep, seat = ctx.body.model, ctx.body.keep(), ctx.seat
     if keep.unloads_now:
         seat.host.spec(name)
         await asyncio.to_thread(seat.host.unload, name)
         reason: Literal["load", "unload"] = "unload"
     else:
-        async with seat.lease(name, keep, timeline_of(request)):
+        async with seat.lease(name, keep, ctx.timeline):
             reason = "load"
     return JSONResponse(ollama_format.loaded(name, endpoint, reason))
 
@@ -81,19 +74,19 @@ async def _load_or_unload(request: Request, name: str, keep: KeepAlive, endpoint
 @router.post("/api/chat")
 async def chat(request: Request) -> Response:
     """A chat turn (or, with no messages, a load / unload)."""
-    req = await parse_body(request, ChatRequest)
-    if not req.messages:
-        return await _load_or_unload(request, req.model, req.keep(), "chat")
-    return await _generate(request, req, ollama_chat_work, "chat")
+    ctx = await read_request(request, ChatRequest, "ollama")
+    if not ctx.body.messages:
+        return await _load_or_unload(ctx, "chat")
+    return await _generate(ctx, ollama_chat_work, "chat")
 
 
 @router.post("/api/generate")
 async def generate(request: Request) -> Response:
     """A completion of a prompt (or, with neither prompt nor context, a load / unload)."""
-    req = await parse_body(request, GenerateRequest)
-    if not req.prompt and not req.context:
-        return await _load_or_unload(request, req.model, req.keep(), "generate")
-    return await _generate(request, req, ollama_generate_work, "generate")
+    ctx = await read_request(request, GenerateRequest, "ollama")
+    if not ctx.body.prompt and not ctx.body.context:
+        return await _load_or_unload(ctx, "generate")
+    return await _generate(ctx, ollama_generate_work, "generate")
 
 
 @router.post("/api/embed")

@@ -2,12 +2,12 @@
 
 A generation route passes each stage once, in order:
 
-    parse.parse_body            the JSON body against its pydantic schema (400s)
-    seat.lease                  the model, held for the request (loaded if needed; 404, 503)
-    to_engine_params.*_work     prompt token ids and SamplingParams per choice (400s)
-    submit.submit               the jobs for the model's engine loop (503 when its queue is full)
-    results.stream | collect    deltas as they come, or the final outputs
-    openai_format.*             the response body, or its SSE chunks
+    request_context.read_request    the JSON body against its pydantic schema (400s), the request's id
+    seat.lease                      the model, held for the request (loaded if needed; 404, 503)
+    to_engine_params.*_work         prompt token ids and SamplingParams per choice (400s)
+    generation.stream | collect     the jobs on the model's engine loop (503 when its queue is full),
+                                    read back as deltas as they come, or as the final outputs
+    openai_format.*                 the response body, or its SSE chunks
 """
 
 from __future__ import annotations
@@ -22,25 +22,20 @@ from starlette.responses import JSONResponse, Response
 
 from nxctl.server import openai_format as fmt
 from nxctl.server.embeddings import as_base64, embed
+from nxctl.server.generation import Work, collect, stream
 from nxctl.server.host import SeatModel
 from nxctl.server.lease import LeasedStream
-from nxctl.server.parse import parse_body
-from nxctl.server.results import collect, stream
+from nxctl.server.request_context import RequestContext, note, parse_body, read_request, seat_of
 from nxctl.server.schemas_openai import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
-from nxctl.server.seat import note, seat_of
-from nxctl.server.submit import Generation, submit
-from nxctl.server.timeline import timeline_of
-from nxctl.server.to_engine_params import Work, chat_work, completion_work, embedding_ids
+from nxctl.server.to_engine_params import chat_work, completion_work, embedding_ids
 
 router = APIRouter()
 SSE = "text/event-stream"
 
 
-def _reply(
-    gen: Generation, req: ChatCompletionRequest | CompletionRequest, model: SeatModel, work: Work
-) -> fmt.Reply:
+def _reply(ctx: RequestContext[Any], model: SeatModel, work: Work) -> fmt.Reply:
     """What the response's bodies or chunks share, created now."""
-    return fmt.Reply(gen.request_id, req.model, int(time.time()), model.tokenizer, work.prompt_tokens)
+    return fmt.Reply(ctx.request_id, ctx.body.model, int(time.time()), model.tokenizer, work.prompt_tokens)
 
 
 def _with_usage(req: ChatCompletionRequest | CompletionRequest) -> bool:
@@ -51,40 +46,38 @@ def _with_usage(req: ChatCompletionRequest | CompletionRequest) -> bool:
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
     """A chat completion: SSE chunks when ``stream``, else one body."""
-    seat, arrival = seat_of(request), time.perf_counter()
-    req = await parse_body(request, ChatCompletionRequest)
-    lease = seat.lease(req.model, timeline=timeline_of(request))
+    ctx = await read_request(request, ChatCompletionRequest, "chatcmpl")
+    req = ctx.body
+    lease = ctx.seat.lease(req.model, timeline=ctx.timeline)
     async with lease as model:
-        work = await chat_work(req, model, seat.settings.default_max_tokens)
-        gen = submit(request, model, work, "chatcmpl", arrival, req.user)
+        work = await chat_work(req, model, ctx.seat.settings.default_max_tokens)
+        reply = _reply(ctx, model, work)
         want_lp = bool(req.logprobs)
         if req.stream:
-            reply = _reply(gen, req, model, work)
-            events = fmt.chat_events(
-                stream(request, gen), reply, len(work.jobs), want_lp, _with_usage(req), work.shape
-            )
+            deltas = stream(ctx, model, work, req.user)
+            events = fmt.chat_events(deltas, reply, len(work.jobs), want_lp, _with_usage(req), work.shape)
             return LeasedStream(events, lease, SSE)
-        outs = await collect(request, gen)
-        body = fmt.chat_response(_reply(gen, req, model, work), outs, want_lp, work.shape)
-        return JSONResponse(body, headers={"X-Request-Id": gen.request_id})
+        outs = await collect(ctx, model, work, req.user)
+        body = fmt.chat_response(reply, outs, want_lp, work.shape)
+        return JSONResponse(body, headers={"X-Request-Id": ctx.request_id})
 
 
 @router.post("/v1/completions")
 async def completions(request: Request) -> Response:
     """A text completion of one or more prompts: SSE chunks when ``stream``, else one body."""
-    seat, arrival = seat_of(request), time.perf_counter()
-    req = await parse_body(request, CompletionRequest)
-    lease = seat.lease(req.model, timeline=timeline_of(request))
+    ctx = await read_request(request, CompletionRequest, "cmpl")
+    req = ctx.body
+    lease = ctx.seat.lease(req.model, timeline=ctx.timeline)
     async with lease as model:
-        work = await completion_work(req, model, seat.settings.default_max_tokens)
-        gen = submit(request, model, work, "cmpl", arrival, req.user)
+        work = await completion_work(req, model, ctx.seat.settings.default_max_tokens)
+        reply = _reply(ctx, model, work)
         if req.stream:
-            reply = _reply(gen, req, model, work)
-            events = fmt.completion_events(stream(request, gen), reply, req.logprobs, _with_usage(req))
+            deltas = stream(ctx, model, work, req.user)
+            events = fmt.completion_events(deltas, reply, req.logprobs, _with_usage(req))
             return LeasedStream(events, lease, SSE)
-        outs = await collect(request, gen)
-        body = fmt.completion_response(_reply(gen, req, model, work), outs, req.logprobs)
-        return JSONResponse(body, headers={"X-Request-Id": gen.request_id})
+        outs = await collect(ctx, model, work, req.user)
+        body = fmt.completion_response(reply, outs, req.logprobs)
+        return JSONResponse(body, headers={"X-Request-Id": ctx.request_id})
 
 
 @router.get("/v1/models")

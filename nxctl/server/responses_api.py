@@ -15,14 +15,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from nxctl.server.api_errors import APIError
+from nxctl.server.generation import collect, stream
 from nxctl.server.lease import LeasedStream
-from nxctl.server.parse import parse_body
+from nxctl.server.request_context import read_request
 from nxctl.server.responses_format import ResponseReply, response_body, response_events
-from nxctl.server.results import collect, stream
 from nxctl.server.schemas_responses import ResponsesRequest, in_responses_terms
-from nxctl.server.seat import seat_of
-from nxctl.server.submit import submit
-from nxctl.server.timeline import timeline_of
 from nxctl.server.to_engine_params import chat_work
 
 router = APIRouter()
@@ -48,20 +45,20 @@ def _echo(req: ResponsesRequest) -> dict[str, Any]:
 @router.post("/v1/responses")
 async def responses(request: Request) -> Response:
     """One response: typed SSE events when ``stream``, else the response object."""
-    seat, arrival = seat_of(request), time.perf_counter()
-    req = await parse_body(request, ResponsesRequest)
+    ctx = await read_request(request, ResponsesRequest, "resp")
+    req = ctx.body
     chat = req.as_chat()  # checked before the model is leased
-    lease = seat.lease(req.model, timeline=timeline_of(request))
+    lease = ctx.seat.lease(req.model, timeline=ctx.timeline)
     async with lease as model:
         try:
-            work = await chat_work(chat, model, seat.settings.default_max_tokens)
+            work = await chat_work(chat, model, ctx.seat.settings.default_max_tokens)
         except APIError as err:
             raise in_responses_terms(err) from err
-        gen = submit(request, model, work, "resp", arrival, req.user)
         reply = ResponseReply(
-            gen.request_id, req.model, int(time.time()), work.prompt_tokens, _echo(req), work.shape
+            ctx.request_id, req.model, int(time.time()), work.prompt_tokens, _echo(req), work.shape
         )
         if req.stream:
-            return LeasedStream(response_events(stream(request, gen), reply), lease, "text/event-stream")
-        (out,) = await collect(request, gen)
-        return JSONResponse(response_body(reply, out), headers={"X-Request-Id": gen.request_id})
+            events = response_events(stream(ctx, model, work, req.user), reply)
+            return LeasedStream(events, lease, "text/event-stream")
+        (out,) = await collect(ctx, model, work, req.user)
+        return JSONResponse(response_body(reply, out), headers={"X-Request-Id": ctx.request_id})

@@ -1,13 +1,10 @@
-"""The seat's shared state (``app.state.seat``) and what each request leaves behind: its log line's
-facts and, for a server-side failure, a dead letter."""
+"""The seat's shared state (``app.state.seat``): its settings, model host, metrics, dead-letter store,
+tracer, and the leases each request takes on a model (request_context.seat_of finds it)."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-from starlette.requests import Request
+from typing import TYPE_CHECKING
 
 from nxctl.server.dlq import DeadLetterStore
 from nxctl.server.drain import DrainState
@@ -21,8 +18,6 @@ from nxctl.server.timeline import RequestTimeline
 
 if TYPE_CHECKING:
     from nxctl.server.tracing import SeatTracer
-
-log = logging.getLogger("nxctl.serve")
 
 
 def _acquirer() -> IdleThreadPool:
@@ -51,33 +46,3 @@ class Seat:
         sets off goes on the request's ``timeline`` when it has one."""
         keep = keep_alive if keep_alive is not None else KeepAlive()
         return ModelLease(self.host, name, keep, self.settings.load_timeout_s, self.acquirer, timeline)
-
-
-def seat_of(request: Request) -> Seat:
-    """The seat serving ``request``."""
-    return request.app.state.seat
-
-
-def note(request: Request, **fields: Any) -> None:
-    """Facts for the request's log line (model, prompt_tokens, completion_tokens, error)."""
-    request.state.log = {**getattr(request.state, "log", {}), **fields}
-
-
-def dead_letter(request: Request, status: int, reason: str) -> None:
-    """Record a server-side failure of ``request`` in the dead-letter store (never raises)."""
-    seat = seat_of(request)
-    if seat.dlq is None:
-        return
-    model = getattr(request.state, "log", {}).get("model")
-    try:
-        seat.dlq.record(
-            method=request.method,
-            path=request.url.path,
-            status=status,
-            reason=reason,
-            model=model,
-            body=getattr(request.state, "body", None),
-        )
-        seat.metrics.dead_letters.inc()
-    except Exception:  # noqa: BLE001 - the store failing must not hide the request's own error
-        log.exception("could not record a dead letter")

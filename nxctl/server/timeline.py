@@ -1,11 +1,11 @@
 """What one generation request did, recorded as it happens for its trace (nxctl/server/tracing.py).
 
-    tracing middleware   RequestTimeline(api, operation, started)   on request.state, only when tracing
-    parse.parse_body     .model, .asked: the model named, and the sampling fields the client gave
-    lease.ModelLease     .model_load   the model load this request set off
-    submit.submit        .submit       the answer's id, the model serving it, its prompt tokens, its jobs
-    submit.Generation    .submitted / .saw / .left: jobs handed over, their outputs, the moment it left
-    tracing middleware   the spans, from this record, once the response has ended
+    tracing middleware          RequestTimeline(api, operation, started)   on request.state, when tracing
+    request_context.parse_body  .model, .asked: the model named, and the sampling fields the client gave
+    lease.ModelLease            .model_load   the model load this request set off
+    generation.submit           .submit       the answer's id, the model serving it, its prompt tokens, its jobs
+    generation.Generation       .submitted / .saw / .left: jobs handed over, their outputs, the moment it left
+    tracing middleware          the spans, from this record, once the response has ended
 
 Every time is ``time.perf_counter()`` seconds, the engine's clock. Only the event loop's thread writes a
 timeline. With tracing off no timeline exists: ``timeline_of`` is None and nothing is recorded.
@@ -84,7 +84,7 @@ class JobRecord:
 
 @dataclass
 class RequestTimeline:
-    """One generation request as its trace needs it (mutated by the stages above, on the event loop)."""
+    """One generation request as its trace needs it (mutated by the code above, on the event loop)."""
 
     api: str
     operation: str

@@ -27,6 +27,7 @@ from engine.structured.reasoning import after_thinking, opens_thinking
 from engine.structured.tools import Tool, tool_format_of
 from nxctl.server.answer_reader import AnswerShape
 from nxctl.server.api_errors import bad_request
+from nxctl.server.generation import Job, Work
 from nxctl.server.host import SeatModel
 from nxctl.server.schemas_ollama import OLLAMA_DEFAULTS, ChatRequest, EmbedRequest, GenerateRequest, Options
 from nxctl.server.schemas_openai import (
@@ -45,24 +46,6 @@ from nxctl.server.structured_fields import (
 )
 from nxctl.server.tokens import chat_prompt_ids, fit_messages
 from nxctl.server.tool_fields import ToolUse, tool_choice_of, tools_grammar, tools_of
-
-
-@dataclass(frozen=True)
-class Job:
-    """One engine request: a prompt and how to sample it."""
-
-    prompt_ids: list[int]
-    params: SamplingParams
-
-
-@dataclass(frozen=True)
-class Work:
-    """What one HTTP request asks of the engine: its jobs (job index = choice index) and its prompt
-    tokens (counted once per prompt, not once per choice)."""
-
-    jobs: list[Job]
-    prompt_tokens: int
-    shape: AnswerShape = AnswerShape()  # thinking and tool calls to read back out of the answers
 
 
 # ---- checks --------------------------------------------------------------------------------------

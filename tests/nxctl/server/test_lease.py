@@ -17,10 +17,9 @@ from engine.errors import (
 )
 from engine.sampling_params import SamplingParams
 from nxctl.server.api_errors import APIError
+from nxctl.server.generation import Generation, Job
 from nxctl.server.keep_alive import KeepAlive
 from nxctl.server.lease import ModelLease, load_failure
-from nxctl.server.submit import Generation
-from nxctl.server.to_engine_params import Job
 
 
 @pytest.mark.parametrize(

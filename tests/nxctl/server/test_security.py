@@ -12,12 +12,10 @@ import pytest
 
 from engine.errors import InvalidRequestError
 from nxctl.commands import serve as serve_cmd
-from nxctl.server import ollama_api, openai_api, responses_api
-from nxctl.server.app import create_app
+from nxctl.server.app import API_MODULES, create_app
 from nxctl.server.settings import SeatSettings
 from nxctl.server.uvicorn_seat import BackgroundSeat
 
-APIS = (openai_api, ollama_api, responses_api)
 PREFLIGHT = {"access-control-request-method": "POST", "access-control-request-headers": "authorization"}
 
 
@@ -39,7 +37,7 @@ def test_the_api_key_guards_every_route_but_health_in_constant_time(
 
     monkeypatch.setattr(hmac, "compare_digest", spy)
     app = create_app(tiny_settings(tmp_path, api_key="s3cret"))
-    every = [*app.routes, *(r for api in APIS for r in api.router.routes)]
+    every = [*app.routes, *(r for api in API_MODULES for r in api.router.routes)]
     routes = sorted(
         (method, route.path.replace("{name:path}", "tiny"))
         for route in every
