@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.structured.reasoning import OPEN, ReasoningStream, split_reasoning
+from engine.loader import ChatTokenizer
+from engine.structured.reasoning import OPEN, ReasoningStream, opens_thinking, split_reasoning
 from engine.structured.tools import ToolCall, ToolCallStream
 from nxctl.server.tool_fields import ToolUse
 
@@ -24,6 +25,16 @@ class AnswerShape:
     tool_use: ToolUse | None = None
     reasoning: bool = False
     thinking_open: bool = False  # the prompt opened the thought: the answer starts inside it
+
+    @classmethod
+    def of(
+        cls, tokenizer: ChatTokenizer, prompt_ids: list[int], tool_use: ToolUse | None, thinking: bool
+    ) -> AnswerShape:
+        """How to read the answers to the prompt ``prompt_ids``: tool calls, and the thinking of a model
+        whose ``tokenizer`` says it reasons (unless ``thinking`` is off; the prompt may have opened it)."""
+        reasoning = thinking and tokenizer.reasons
+        tail = tokenizer.decode(prompt_ids[-4:], skip_special_tokens=False) if reasoning else ""
+        return cls(tool_use, reasoning, reasoning and opens_thinking(tail))
 
     @property
     def plain(self) -> bool:

@@ -30,7 +30,15 @@ from starlette.responses import JSONResponse, Response
 from engine.errors import NxError
 from engine.mux.registry import MB, ModelSpec
 from nxctl import __version__
-from nxctl.server import ollama_api, openai_api, responses_api
+from nxctl.server import (
+    ollama_api,
+    ollama_chat,
+    ollama_generate,
+    openai_api,
+    openai_chat,
+    openai_completions,
+    openai_responses,
+)
 from nxctl.server.api_errors import APIError, bad_request, error_body, from_engine
 from nxctl.server.bridge import CoreLease
 from nxctl.server.dlq import DeadLetterStore
@@ -50,7 +58,16 @@ from nxctl.server.tracing import SeatTracer, TraceRequests
 log = logging.getLogger("nxctl.serve")
 REAP_INTERVAL_S = 0.5
 Loader = Callable[[ModelSpec], SeatModel]
-API_MODULES = (openai_api, ollama_api, responses_api)
+# one module per API surface that generates, each its own path top to bottom; then the other routes
+API_MODULES = (
+    openai_chat,
+    openai_completions,
+    openai_responses,
+    ollama_chat,
+    ollama_generate,
+    openai_api,
+    ollama_api,
+)
 
 
 def build_seat(

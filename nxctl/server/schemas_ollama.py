@@ -7,7 +7,6 @@ typical_p 1, tfs_z 1); load-time knobs (num_gpu, num_thread, ...) are refused, n
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -87,25 +86,6 @@ class Message(Strict):
     tool_calls: list[dict[str, Any]] | None = None  # [{"function": {"name", "arguments": {...}}}]
     tool_name: str | None = None  # a tool message: which tool answered
     thinking: str | None = None  # an earlier answer's thinking: not sent to the model again
-
-    def as_template_message(self) -> dict[str, Any]:
-        """The message as chat templates take it (OpenAI's shape: calls' arguments as JSON text)."""
-        message: dict[str, Any] = {"role": self.role, "content": self.content}
-        if self.tool_calls:
-            message["tool_calls"] = [
-                {
-                    "id": f"call_{n}",
-                    "type": "function",
-                    "function": {
-                        "name": str((c.get("function") or {}).get("name", "")),
-                        "arguments": json.dumps((c.get("function") or {}).get("arguments") or {}),
-                    },
-                }
-                for n, c in enumerate(self.tool_calls)
-            ]
-        if self.tool_name:
-            message["name"] = self.tool_name
-        return message
 
 
 class ChatRequest(_Request):

@@ -105,18 +105,6 @@ class ChatMessage(Strict):
             texts.append(part["text"])
         return "".join(texts)
 
-    def as_template_message(self) -> dict[str, Any]:
-        """The message as chat templates take it (developer is system; calls and call ids kept)."""
-        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role}
-        message["content"] = None if self.content is None and self.tool_calls else self.text()
-        if self.tool_calls:
-            message["tool_calls"] = [c.model_dump() for c in self.tool_calls]
-        if self.tool_call_id is not None:
-            message["tool_call_id"] = self.tool_call_id
-        if self.name is not None:
-            message["name"] = self.name
-        return message
-
 
 class StreamOptions(Strict):
     include_usage: bool | None = None
@@ -145,15 +133,6 @@ class SamplingFields(Strict):
     user: str | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-
-    def stop_strings(self) -> tuple[str, ...]:
-        """``stop`` as a tuple of at most 4 non-empty strings (else a 400)."""
-        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        if len(stops) > 4:
-            raise bad_request("stop takes at most 4 strings", param="stop")
-        if any(not s for s in stops):
-            raise bad_request("stop strings must not be empty", param="stop")
-        return tuple(stops)
 
     def check(self) -> None:
         """400 for unknown or unsupported fields, and stream_options without stream."""

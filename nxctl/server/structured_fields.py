@@ -1,24 +1,82 @@
-"""The API fields that constrain output, as engine Grammars and logit biases; a 400 naming the field
-when one is malformed or its grammar does not compile.
+"""The API fields that constrain an answer, as one engine Grammar compiled for the model, and how to read
+the answer back (``constrain``, shared by every generation endpoint); a 400 naming the field when one
+is malformed or its grammar does not compile.
 
 OpenAI: ``response_format`` ``{"type": "text" | "json_object" | "json_schema", "json_schema":
-{"name", "schema", "strict"}}`` (the schema is always enforced, strict or not); ``logit_bias``
-``{"token id": bias}``. As vLLM accepts it: ``structured_outputs`` with one of ``json`` (a schema),
-``regex``, ``choice`` (a list of strings) or ``grammar`` (Lark, or GBNF as llama.cpp writes it).
-Ollama: ``format`` ``"json"`` or a JSON schema.
+{"name", "schema", "strict"}}`` (the schema is always enforced, strict or not). As vLLM accepts it:
+``structured_outputs`` with one of ``json`` (a schema), ``regex``, ``choice`` (a list of strings) or
+``grammar`` (Lark, or GBNF as llama.cpp writes it). Ollama: ``format`` ``"json"`` or a JSON schema.
+Tools (tool_fields.py) the model may call add their calls' grammar; a reasoning model thinks freely
+first, and the grammar holds the answer after its thinking.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import InvalidRequestError
 from engine.structured import Grammar
+from engine.structured.reasoning import after_thinking
+from engine.structured.tools import Tool, tool_format_of
+from nxctl.server.answer_reader import AnswerShape
 from nxctl.server.api_errors import bad_request
 from nxctl.server.host import SeatModel
+from nxctl.server.tool_fields import ToolUse, tools_grammar
 
 _VLLM_KINDS = ("json", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """What a request asks of its answers, in its API's fields (each optional)."""
+
+    response_format: dict[str, Any] | None = None  # OpenAI's
+    structured_outputs: dict[str, Any] | None = None  # vLLM's
+    format: str | dict[str, Any] | None = None  # Ollama's
+    tools: Sequence[Tool] = ()
+    tool_choice: str = "none"  # as tool_fields.tool_choice_of gives it
+    parallel_tool_calls: bool = True
+    thinking: bool = True  # a reasoning model thinks first, unless the request turned that off
+
+
+async def constrain(
+    asked: Constraints, model: SeatModel, prompt_ids: list[int]
+) -> tuple[Grammar | None, AnswerShape]:
+    """The grammar of the answers to ``prompt_ids``, compiled for ``model`` (None: free text), and how to
+    read them back: the format asked, else the tools' calls (or, "auto", text still under the format),
+    held after a reasoning model's thinking (which the prompt itself may have opened)."""
+    grammar = await format_grammar(asked, model)
+    tool_use = None
+    if asked.tool_choice != "none" and asked.tools:
+        fmt = tool_format_of(model.tokenizer.chat_template)
+        parallel = asked.parallel_tool_calls
+        grammar = await checked(
+            tools_grammar(asked.tools, asked.tool_choice, fmt, parallel, grammar), model, "tools"
+        )
+        tool_use = ToolUse(fmt, tuple(t.name for t in asked.tools))
+    shape = AnswerShape.of(model.tokenizer, prompt_ids, tool_use, asked.thinking)
+    if grammar is not None and shape.reasoning:
+        grammar = await checked(
+            after_thinking(grammar, model.context_tokens, shape.thinking_open), model, "response_format"
+        )
+    return grammar, shape
+
+
+async def format_grammar(asked: Constraints, model: SeatModel) -> Grammar | None:
+    """The format asked (``response_format`` or ``structured_outputs``, not both; or Ollama's
+    ``format``), compiled for ``model``."""
+    from_format = response_format_grammar(asked.response_format)
+    from_vllm = structured_outputs_grammar(asked.structured_outputs)
+    if from_format is not None and from_vllm is not None:
+        raise bad_request("give response_format or structured_outputs, not both", param="structured_outputs")
+    if from_vllm is not None:
+        return await checked(from_vllm, model, "structured_outputs")
+    if asked.format is not None:
+        return await checked(ollama_format_grammar(asked.format), model, "format")
+    return await checked(from_format, model, "response_format")
 
 
 def _grammar_of(build: Any, value: Any, param: str) -> Grammar:
@@ -92,23 +150,6 @@ def ollama_format_grammar(format_: str | dict[str, Any] | None) -> Grammar | Non
     if isinstance(format_, dict):
         return _grammar_of(Grammar.json_schema, format_, "format")
     raise bad_request(f'format must be "json" or a JSON schema object; got {format_!r}', param="format")
-
-
-def logit_bias_pairs(logit_bias: dict[str, float] | None, vocab_size: int) -> tuple[tuple[int, float], ...]:
-    """OpenAI's ``logit_bias`` ({"token id": bias in [-100, 100]}) as (id, bias) pairs."""
-    pairs = []
-    for key, bias in (logit_bias or {}).items():
-        token = int(key) if isinstance(key, str) and key.strip().isdigit() else None
-        if token is None or token >= vocab_size:
-            raise bad_request(
-                f"logit_bias keys must be token ids in [0, {vocab_size}); got {key!r}", param="logit_bias"
-            )
-        if isinstance(bias, bool) or not isinstance(bias, int | float) or not -100 <= bias <= 100:
-            raise bad_request(
-                f"logit_bias values must be numbers in [-100, 100]; got {bias!r}", param="logit_bias"
-            )
-        pairs.append((token, float(bias)))
-    return tuple(sorted(pairs))
 
 
 async def checked(grammar: Grammar | None, model: SeatModel, param: str) -> Grammar | None:

@@ -1,13 +1,17 @@
-"""Prompts as token ids (chat template or raw), Ollama's truncation, and token strings for logprobs."""
+"""Prompts as token ids (chat template, text or ids checked against the vocabulary), Ollama's truncation,
+and token strings for logprobs."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
 from engine.loader import ChatTokenizer
 from engine.structured.tools import Tool
+from nxctl.server.api_errors import bad_request
+from nxctl.server.host import SeatModel
 
 Message = dict[str, Any]
 
@@ -21,6 +25,22 @@ def chat_prompt_ids(
     """The messages (and tools) rendered with the model's chat template, ready for the assistant's
     turn (``thinking``: a reasoning model's switch, None for its default)."""
     return tokenizer.encode_chat(list(messages), add_generation_prompt=True, tools=tools, thinking=thinking)
+
+
+async def prompt_ids(model: SeatModel, item: str | list[int], what: str, param: str) -> list[int]:
+    """A text (encoded off the event loop) or a list of token ids, checked: not empty, in the vocabulary."""
+    ids = await asyncio.to_thread(model.tokenizer.encode, item) if isinstance(item, str) else list(item)
+    if not ids:
+        raise bad_request(f"{what} encodes to no tokens", param=param)
+    check_ids(ids, model.llm.model_config.vocab_size)
+    return ids
+
+
+def check_ids(ids: list[int], vocab_size: int) -> None:
+    """400 when a token id is outside the model's vocabulary."""
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise bad_request(f"token ids must be in [0, {vocab_size}); got {bad[0]}", param="prompt")
 
 
 def fit_messages(

@@ -87,6 +87,14 @@ def tool_choice_of(raw: str | dict[str, Any] | None, tools: Sequence[Tool]) -> s
     return choice
 
 
+def requested_tools(
+    raw_tools: Sequence[dict[str, Any]] | None, raw_choice: str | dict[str, Any] | None
+) -> tuple[list[Tool], str]:
+    """An OpenAI request's ``tools`` and ``tool_choice``: the engine Tools and the choice among them."""
+    tools = tools_of(raw_tools)
+    return tools, tool_choice_of(raw_choice, tools)
+
+
 def tools_grammar(
     tools: Sequence[Tool], choice: str, fmt: ToolFormat, parallel: bool, answer: Grammar | None
 ) -> Grammar | None:

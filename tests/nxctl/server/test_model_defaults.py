@@ -3,8 +3,8 @@ they replace Ollama's defaults, and a request's own options replace them (as in 
 
 from __future__ import annotations
 
+from nxctl.server.ollama_sampling import ollama_max_tokens, ollama_params
 from nxctl.server.schemas_ollama import OLLAMA_DEFAULTS, Options
-from nxctl.server.to_engine_params import ollama_max_tokens, ollama_params
 
 MANIFEST = {"temperature": 0.2, "top_k": 7, "repetition_penalty": 1.3, "seed": 11}
 

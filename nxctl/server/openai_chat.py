@@ -1,61 +1,118 @@
-"""Stage 5 for the OpenAI API: response bodies, and SSE chunks from a stream of deltas."""
+"""OpenAI's /v1/chat/completions: one chat completion, as SSE chunks when ``stream``, else one body.
+
+A request's path, top to bottom: ``chat_completions`` reads it (request_context: 400s), leases its model
+(404, 503), turns it into engine work here (``chat_work``: the messages and tools through the chat
+template, the answer's grammar from structured_fields, SamplingParams per choice from openai_sampling),
+submits the work and reads it back (generation: 503 when the queue is full), and formats the answers
+here: a reasoning model's thinking as ``reasoning_content``, tool calls read out of the text, logprobs
+per token. The Responses API (openai_responses.py) runs its requests through ``chat_work`` too.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-import json
-import logging
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass
 from typing import Any
 
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from engine.errors import InvalidRequestError
 from engine.loader import ChatTokenizer
 from engine.outputs import RequestOutput
 from engine.structured.tools import ToolCall
-from nxctl import __version__
 from nxctl.server.answer_reader import AnswerReader, AnswerShape
-from nxctl.server.api_errors import APIError, as_api_error
+from nxctl.server.api_errors import bad_request
 from nxctl.server.finish_reasons import api_finish, api_finish_or_none
+from nxctl.server.generation import Job, Work, collect, stream
+from nxctl.server.host import SeatModel
+from nxctl.server.lease import LeasedStream
+from nxctl.server.openai_sampling import openai_params
+from nxctl.server.openai_shared import FINGERPRINT, SSE, Reply, error_event, sse, usage, with_usage
+from nxctl.server.request_context import read_request
+from nxctl.server.schemas_openai import ChatCompletionRequest, ChatMessage
 from nxctl.server.streaming import Delta
-from nxctl.server.tokens import token_bytes, token_text
+from nxctl.server.structured_fields import Constraints, constrain
+from nxctl.server.tokens import chat_prompt_ids, token_bytes, token_text
+from nxctl.server.tool_fields import requested_tools
 
-log = logging.getLogger("nxctl.serve")
-FINGERPRINT = f"nxctl-{__version__}"
-
-
-@dataclass(frozen=True)
-class Reply:
-    """What every body and chunk of one OpenAI response shares."""
-
-    request_id: str
-    model: str  # the model as the request named it
-    created: int  # Unix seconds
-    tokenizer: ChatTokenizer
-    prompt_tokens: int
+router = APIRouter()
 
 
-def sse(data: dict[str, Any] | str) -> bytes:
-    """One server-sent event: ``data: <json>`` and a blank line."""
-    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    return f"data: {text}\n\n".encode()
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    """A chat completion: SSE chunks when ``stream``, else one body."""
+    ctx = await read_request(request, ChatCompletionRequest, "chatcmpl")
+    req = ctx.body
+    lease = ctx.seat.lease(req.model, timeline=ctx.timeline)
+    async with lease as model:
+        work = await chat_work(req, model, ctx.seat.settings.default_max_tokens)
+        reply = Reply(ctx.request_id, req.model, int(time.time()), model.tokenizer, work.prompt_tokens)
+        want_lp = bool(req.logprobs)
+        if req.stream:
+            deltas = stream(ctx, model, work, req.user)
+            events = chat_events(deltas, reply, len(work.jobs), want_lp, with_usage(req), work.shape)
+            return LeasedStream(events, lease, SSE)
+        outs = await collect(ctx, model, work, req.user)
+        body = chat_response(reply, outs, want_lp, work.shape)
+        return JSONResponse(body, headers={"X-Request-Id": ctx.request_id})
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    """The ``usage`` object."""
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
+# ---- the request as engine work --------------------------------------------------------------------
+async def chat_work(req: ChatCompletionRequest, model: SeatModel, default_max: int) -> Work:
+    """The messages (and tools) through the chat template, ``n`` jobs on that prompt; with tools, the
+    grammar of ``tool_choice``; with a response format, its grammar (after a reasoning model's thinking)."""
+    messages = [template_message(m) for m in req.messages]
+    tools, choice = requested_tools([t.model_dump() for t in req.tools or []], req.tool_choice)
+    thinking = thinking_option(req.chat_template_kwargs)
+    try:
+        ids = await asyncio.to_thread(chat_prompt_ids, model.tokenizer, messages, tools, thinking)
+    except InvalidRequestError as exc:
+        raise bad_request(str(exc), param="messages") from exc
+    asked = Constraints(
+        response_format=req.response_format,
+        structured_outputs=req.structured_outputs,
+        tools=tools,
+        tool_choice=choice,
+        parallel_tool_calls=req.parallel_tool_calls is not False,
+        thinking=thinking is not False,
+    )
+    grammar, shape = await constrain(asked, model, ids)
+    top = (req.top_logprobs or 0) if req.logprobs else None
+    vocab = model.llm.model_config.vocab_size
+    params = openai_params(req, len(ids), model.context_tokens, default_max, top, grammar, vocab)
+    return Work([Job(ids, p) for p in params], len(ids), shape)
 
 
-def error_event(err: APIError) -> bytes:
-    """The event that ends a stream that failed."""
-    kind = "server_error" if err.status >= 500 else "invalid_request_error"
-    return sse({"error": {"message": err.message, "type": kind, "param": None, "code": err.status}})
+def template_message(message: ChatMessage) -> dict[str, Any]:
+    """A message as chat templates take it (developer is system; calls and call ids kept)."""
+    out: dict[str, Any] = {"role": "system" if message.role == "developer" else message.role}
+    out["content"] = None if message.content is None and message.tool_calls else message.text()
+    if message.tool_calls:
+        out["tool_calls"] = [c.model_dump() for c in message.tool_calls]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        out["name"] = message.name
+    return out
 
 
+def thinking_option(kwargs: dict[str, Any] | None) -> bool | None:
+    """``chat_template_kwargs`` (as vLLM takes it): only ``enable_thinking``, a boolean."""
+    if not kwargs:
+        return None
+    if set(kwargs) != {"enable_thinking"} or not isinstance(kwargs["enable_thinking"], bool):
+        raise bad_request(
+            "chat_template_kwargs takes enable_thinking (true or false) alone", param="chat_template_kwargs"
+        )
+    return kwargs["enable_thinking"]
+
+
+# ---- the answers as the response -------------------------------------------------------------------
 def chat_logprobs(
     tok: ChatTokenizer, ids: Sequence[int], lps: Sequence[float], tops: Sequence[Sequence[tuple[int, float]]]
 ) -> dict[str, Any]:
@@ -76,29 +133,6 @@ def chat_logprobs(
     return {"content": content}
 
 
-def completion_logprobs(
-    tok: ChatTokenizer,
-    ids: Sequence[int],
-    lps: Sequence[float],
-    tops: Sequence[Sequence[tuple[int, float]]],
-    offset: int = 0,
-) -> dict[str, Any]:
-    """Legacy completions ``logprobs``: tokens, token_logprobs, top_logprobs, text_offset (from ``offset``)."""
-    tokens = [token_text(tok, t) for t in ids]
-    offsets, at = [], offset
-    for text in tokens:
-        offsets.append(at)
-        at += len(text)
-    top = [{token_text(tok, t): v for t, v in tops[n]} if n < len(tops) else {} for n in range(len(ids))]
-    return {
-        "tokens": tokens,
-        "token_logprobs": list(lps[: len(ids)]),
-        "top_logprobs": top,
-        "text_offset": offsets,
-    }
-
-
-# ---- chat ----------------------------------------------------------------------------------------
 def tool_call_objects(calls: Sequence[ToolCall], streamed_from: int | None = None) -> list[dict[str, Any]]:
     """OpenAI's ``tool_calls``: id, type, function name and arguments (JSON text); in a stream chunk
     each also carries its ``index`` among the choice's calls (from ``streamed_from``)."""
@@ -156,7 +190,7 @@ def chat_response(
     }
 
 
-def chat_chunk(reply: Reply, choices: list[dict[str, Any]], with_usage: bool) -> dict[str, Any]:
+def chat_chunk(reply: Reply, choices: list[dict[str, Any]], with_usage_field: bool) -> dict[str, Any]:
     """One ``chat.completion.chunk`` (``usage: null`` on each when usage comes last)."""
     chunk = {
         "id": reply.request_id,
@@ -166,7 +200,7 @@ def chat_chunk(reply: Reply, choices: list[dict[str, Any]], with_usage: bool) ->
         "system_fingerprint": FINGERPRINT,
         "choices": choices,
     }
-    if with_usage:
+    if with_usage_field:
         chunk["usage"] = None
     return chunk
 
@@ -212,7 +246,7 @@ async def chat_events(
     reply: Reply,
     choices: int,
     want_logprobs: bool,
-    with_usage: bool,
+    with_usage_chunk: bool,
     shape: AnswerShape | None = None,
 ) -> AsyncIterator[bytes]:
     """The SSE stream of a chat completion: a role chunk per choice, a chunk per delta with news, the
@@ -226,10 +260,10 @@ async def chat_events(
                 "logprobs": None,
                 "finish_reason": None,
             }
-            yield sse(chat_chunk(reply, [first], with_usage))
+            yield sse(chat_chunk(reply, [first], with_usage_chunk))
         completion = 0
-        async with aclosing(deltas) as stream:
-            async for delta in stream:
+        async with aclosing(deltas) as deltas_read:
+            async for delta in deltas_read:
                 if delta.finish_reason:
                     completion += len(delta.output.token_ids)
                 extra: dict[str, Any] = {}
@@ -241,76 +275,9 @@ async def chat_events(
                         choice["delta"] = {**extra, **({"content": delta.text} if delta.text else {})}
                     if reading is not None:
                         choice["finish_reason"] = finish
-                    yield sse(chat_chunk(reply, [choice], with_usage))
-        if with_usage:
+                    yield sse(chat_chunk(reply, [choice], with_usage_chunk))
+        if with_usage_chunk:
             yield sse({**chat_chunk(reply, [], False), "usage": usage(reply.prompt_tokens, completion)})
     except Exception as exc:  # noqa: BLE001 - a stream that fails still ends with an error event
-        yield error_event(_unexpected(exc))
+        yield error_event(exc)
     yield sse("[DONE]")
-
-
-# ---- text completions ----------------------------------------------------------------------------
-def completion_response(reply: Reply, outs: list[RequestOutput], logprobs: int | None) -> dict[str, Any]:
-    """The ``text_completion`` body: one choice per final output."""
-    choices = []
-    for i, out in enumerate(outs):
-        lp = None
-        if logprobs is not None:
-            lp = completion_logprobs(reply.tokenizer, out.token_ids, out.logprobs, out.top_logprobs)
-        finish = api_finish(out.finish_reason) if out.finish_reason else "stop"
-        choices.append({"index": i, "text": out.text, "logprobs": lp, "finish_reason": finish})
-    return {
-        "id": reply.request_id,
-        "object": "text_completion",
-        "created": reply.created,
-        "model": reply.model,
-        "choices": choices,
-        "usage": usage(reply.prompt_tokens, sum(len(o.token_ids) for o in outs)),
-        "system_fingerprint": FINGERPRINT,
-    }
-
-
-def completion_delta_choice(
-    delta: Delta, tok: ChatTokenizer, logprobs: int | None, offset: int
-) -> dict[str, Any]:
-    """A text completion chunk's choice; ``offset``: the characters of this choice sent before."""
-    lp = None
-    if logprobs is not None:
-        lp = completion_logprobs(tok, delta.token_ids, delta.logprobs, delta.top_logprobs, offset)
-    finish = api_finish_or_none(delta.finish_reason)
-    return {"index": delta.index, "text": delta.text, "logprobs": lp, "finish_reason": finish}
-
-
-async def completion_events(
-    deltas: AsyncGenerator[Delta, None], reply: Reply, logprobs: int | None, with_usage: bool
-) -> AsyncIterator[bytes]:
-    """The SSE stream of a text completion: a chunk per step with tokens (as vLLM), the usage chunk when
-    asked, an error event if the stream fails, then ``[DONE]``."""
-    base = {
-        "id": reply.request_id,
-        "object": "text_completion",
-        "created": reply.created,
-        "model": reply.model,
-    }
-    offsets: dict[int, int] = {}
-    completion = 0
-    try:
-        async with aclosing(deltas) as stream:
-            async for d in stream:
-                completion += len(d.output.token_ids) if d.finish_reason else 0
-                if d.text or d.finish_reason or d.token_ids:
-                    choice = completion_delta_choice(d, reply.tokenizer, logprobs, offsets.get(d.index, 0))
-                    offsets[d.index] = offsets.get(d.index, 0) + len(d.text)
-                    yield sse({**base, "choices": [choice], **({"usage": None} if with_usage else {})})
-        if with_usage:
-            yield sse({**base, "choices": [], "usage": usage(reply.prompt_tokens, completion)})
-    except Exception as exc:  # noqa: BLE001 - a stream that fails still ends with an error event
-        yield error_event(_unexpected(exc))
-    yield sse("[DONE]")
-
-
-def _unexpected(exc: Exception) -> APIError:
-    """The stage before raises only APIError; anything else is a bug here, logged and sent as a 500."""
-    if not isinstance(exc, APIError):
-        log.error("formatting a stream failed", exc_info=exc)
-    return as_api_error(exc)

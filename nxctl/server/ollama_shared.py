@@ -1,7 +1,10 @@
-"""Stage 5 for the Ollama API: /api/chat and /api/generate bodies, as one answer or NDJSON lines."""
+"""What Ollama's /api/chat and /api/generate share: the reply every line repeats, NDJSON lines, logprobs,
+the counts and durations of the last line, the answer as one body or as lines (each endpoint shapes
+its own body), and the empty request that only loads or unloads a model."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -9,7 +12,9 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
+
+from starlette.responses import JSONResponse, Response
 
 from engine.loader import ChatTokenizer
 from engine.outputs import RequestOutput
@@ -17,13 +22,15 @@ from engine.structured.tools import ToolCall
 from nxctl.server.answer_reader import AnswerShape
 from nxctl.server.api_errors import APIError, as_api_error
 from nxctl.server.finish_reasons import api_finish
+from nxctl.server.keep_alive import KeepAlive
 from nxctl.server.model_info import iso_time
+from nxctl.server.request_context import RequestContext
 from nxctl.server.streaming import Delta
 from nxctl.server.tokens import token_text
 
 log = logging.getLogger("nxctl.serve")
 NS = 1_000_000_000
-Endpoint = Literal["chat", "generate"]
+NDJSON = "application/x-ndjson"
 
 
 @dataclass(frozen=True)
@@ -31,12 +38,25 @@ class OllamaReply:
     """What every body and line of one /api/chat or /api/generate answer shares."""
 
     model: str  # the model as the request named it
-    endpoint: Endpoint
     tokenizer: ChatTokenizer
     logprobs: bool
     arrival: float  # perf_counter seconds
     load_seconds: float
     shape: AnswerShape = AnswerShape()  # its thinking and tool calls, read back out of its text
+
+
+class Body(Protocol):
+    """An endpoint's body (ollama_chat.chat_body, ollama_generate.generate_body): ``d`` as its message
+    or response, with the tool ``calls`` and ``thinking`` read out of it; ``final`` on the last one."""
+
+    def __call__(
+        self,
+        reply: OllamaReply,
+        d: Delta,
+        final: dict[str, Any] | None,
+        calls: list[ToolCall] | None = None,
+        thinking: str | None = None,
+    ) -> dict[str, Any]: ...
 
 
 def now_iso() -> str:
@@ -74,72 +94,64 @@ def final_fields(out: RequestOutput, arrival: float, load_s: float) -> dict[str,
     }
 
 
-def tool_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
-    """Ollama's ``message.tool_calls``: each call's function name and arguments (an object)."""
-    return [{"function": {"name": c.name, "arguments": c.arguments_object}} for c in calls]
-
-
-def body(
+def ollama_body(
     reply: OllamaReply,
     d: Delta,
     final: dict[str, Any] | None,
-    calls: list[ToolCall] | None = None,
-    thinking: str | None = None,
+    head: dict[str, Any],
+    tail: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One body (a line, or the whole answer): ``d``'s text as the message (chat, with the tool
-    ``calls`` it made) or the response (generate), a reasoning model's ``thinking`` beside it; the
-    final one adds ``final`` and, for generate, the ``context`` to continue from."""
-    out: dict[str, Any] = {"model": reply.model, "created_at": now_iso()}
-    if reply.endpoint == "chat":
-        out["message"] = {"role": "assistant", "content": d.text}
-        if thinking:
-            out["message"]["thinking"] = thinking
-        if calls:
-            out["message"]["tool_calls"] = tool_calls(calls)
-    else:
-        out["response"] = d.text
-        if thinking:
-            out["thinking"] = thinking
+    """One body (a line, or the whole answer): the endpoint's ``head`` (its message or response), the
+    logprobs of ``d`` when asked, the endpoint's ``tail``; the last one adds ``final``."""
+    out: dict[str, Any] = {"model": reply.model, "created_at": now_iso(), **head}
     if reply.logprobs:
         out["logprobs"] = logprobs(reply.tokenizer, d)
-    if final is not None and reply.endpoint == "generate":
-        out["context"] = list(d.output.prompt_token_ids) + list(d.output.token_ids)
-    return {**out, "done": final is not None, **(final or {})}
+    return {**out, **(tail or {}), "done": final is not None, **(final or {})}
 
 
-def answer(reply: OllamaReply, out: RequestOutput) -> dict[str, Any]:
+def answer(reply: OllamaReply, out: RequestOutput, body: Body) -> dict[str, Any]:
     """The single body of a request that does not stream."""
-    answer = reply.shape.read(out.text)
-    whole = Delta(0, answer.content, out.token_ids, out.logprobs, out.top_logprobs, out.finish_reason, out)
+    read = reply.shape.read(out.text)
+    whole = Delta(0, read.content, out.token_ids, out.logprobs, out.top_logprobs, out.finish_reason, out)
     final = final_fields(out, reply.arrival, reply.load_seconds)
-    return body(reply, whole, final, answer.calls, answer.reasoning)
+    return body(reply, whole, final, read.calls, read.reasoning)
 
 
-async def ndjson(deltas: AsyncGenerator[Delta, None], reply: OllamaReply) -> AsyncIterator[bytes]:
+async def ndjson(deltas: AsyncGenerator[Delta, None], reply: OllamaReply, body: Body) -> AsyncIterator[bytes]:
     """The NDJSON stream: a line per delta with news, a last line with the counts and durations, or an
     ``{"error": ...}`` line if the stream fails."""
     reader = None if reply.shape.plain else reply.shape.reader()
     try:
-        async with aclosing(deltas) as stream:
-            async for d in stream:
+        async with aclosing(deltas) as deltas_read:
+            async for d in deltas_read:
                 calls: list[ToolCall] = []
                 thinking = None
                 if reader is not None:
-                    answer = reader.feed(d.text, bool(d.finish_reason))
-                    calls, thinking = answer.calls, answer.reasoning
-                    d = dataclasses.replace(d, text=answer.content)
+                    read = reader.feed(d.text, bool(d.finish_reason))
+                    calls, thinking = read.calls, read.reasoning
+                    d = dataclasses.replace(d, text=read.content)
                 if d.text or calls or thinking or (reply.logprobs and d.token_ids):
                     yield line(body(reply, d, None, calls, thinking))
                 if d.finish_reason:
                     empty = Delta(d.index, "", [], [], [], d.finish_reason, d.output)
-                    yield line(body(reply, empty, final_fields(d.output, reply.arrival, reply.load_seconds)))
+                    final = final_fields(d.output, reply.arrival, reply.load_seconds)
+                    yield line(body(reply, empty, final, None, None))
     except Exception as exc:  # noqa: BLE001 - a stream that fails still ends with an error line
         if not isinstance(exc, APIError):
             log.error("formatting a stream failed", exc_info=exc)
         yield line({"error": as_api_error(exc).message})
 
 
-def loaded(model: str, endpoint: Endpoint, reason: Literal["load", "unload"]) -> dict[str, Any]:
-    """The answer to an empty request, which only loads or unloads the model."""
-    empty = {"message": {"role": "assistant", "content": ""}} if endpoint == "chat" else {"response": ""}
-    return {"model": model, "created_at": now_iso(), **empty, "done": True, "done_reason": reason}
+async def load_or_unload(ctx: RequestContext[Any], keep: KeepAlive, empty: dict[str, Any]) -> Response:
+    """Ollama's empty request: load the model (done_reason "load"), or unload it with keep_alive 0;
+    ``empty``: the endpoint's empty message or response."""
+    name = ctx.body.model
+    if keep.unloads_now:
+        ctx.seat.host.spec(name)
+        await asyncio.to_thread(ctx.seat.host.unload, name)
+        reason: Literal["load", "unload"] = "unload"
+    else:
+        async with ctx.seat.lease(name, keep, ctx.timeline):
+            reason = "load"
+    body = {"model": name, "created_at": now_iso(), **empty, "done": True, "done_reason": reason}
+    return JSONResponse(body)

@@ -1,4 +1,10 @@
-"""Stage 5 for the Responses API: the ``response`` object, and its stream of typed events.
+"""OpenAI's Responses API, /v1/responses: stateless (nothing is stored), typed SSE events when ``stream``,
+else the response object.
+
+A request's path, top to bottom: ``responses`` reads it (request_context: 400s), translates it into a
+chat completion (schemas_responses: ``as_chat``), leases its model, turns it into engine work as a chat
+turn (openai_chat.chat_work; its 400s name the Responses API's fields), submits the work and reads it
+back (generation), and formats the answer here: the ``response`` object, or its stream of typed events.
 
 A response's ``output`` is a list of items: an assistant ``message`` with ``output_text`` for the
 answer's text, and a ``function_call`` item per tool call read out of it. A reply cut by
@@ -16,21 +22,72 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
 from engine.outputs import RequestOutput
 from engine.structured.tools import ToolCall
 from nxctl.server.answer_reader import AnswerShape
 from nxctl.server.api_errors import APIError, as_api_error
+from nxctl.server.generation import collect, stream
+from nxctl.server.lease import LeasedStream
+from nxctl.server.openai_chat import chat_work
+from nxctl.server.openai_shared import SSE
+from nxctl.server.request_context import read_request
+from nxctl.server.schemas_responses import ResponsesRequest, in_responses_terms
 from nxctl.server.streaming import Delta
 
 log = logging.getLogger("nxctl.serve")
+router = APIRouter()
 
 
+@router.post("/v1/responses")
+async def responses(request: Request) -> Response:
+    """One response: typed SSE events when ``stream``, else the response object."""
+    ctx = await read_request(request, ResponsesRequest, "resp")
+    req = ctx.body
+    chat = req.as_chat()  # checked before the model is leased
+    lease = ctx.seat.lease(req.model, timeline=ctx.timeline)
+    async with lease as model:
+        try:
+            work = await chat_work(chat, model, ctx.seat.settings.default_max_tokens)
+        except APIError as err:
+            raise in_responses_terms(err) from err
+        reply = ResponseReply(
+            ctx.request_id, req.model, int(time.time()), work.prompt_tokens, _echo(req), work.shape
+        )
+        if req.stream:
+            return LeasedStream(response_events(stream(ctx, model, work, req.user), reply), lease, SSE)
+        (out,) = await collect(ctx, model, work, req.user)
+        return JSONResponse(response_body(reply, out), headers={"X-Request-Id": ctx.request_id})
+
+
+def _echo(req: ResponsesRequest) -> dict[str, Any]:
+    """The request's settings as the response object repeats them."""
+    return {
+        "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens,
+        "metadata": req.metadata or {},
+        "parallel_tool_calls": req.parallel_tool_calls is not False,
+        "temperature": 1.0 if req.temperature is None else req.temperature,
+        "top_p": 1.0 if req.top_p is None else req.top_p,
+        "text": req.text or {"format": {"type": "text"}},
+        "tool_choice": req.tool_choice or ("auto" if req.tools else "none"),
+        "tools": req.tools or [],
+        "truncation": "disabled",
+        "user": req.user,
+    }
+
+
+# ---- the answer as the response --------------------------------------------------------------------
 @dataclass(frozen=True)
 class ResponseReply:
     """What the response object repeats of the request, and its id and time."""
