@@ -285,6 +285,7 @@ def trace_chat_request(body: dict[str, Any] | None = None) -> PathReport:
         )
         app = create_app(settings)
         trace = PathTrace(endpoint_of(app.routes, PATH).__code__, EngineLoop.submit.__code__)
+        before = sys.gettrace(), threading.gettrace()
         threading.settrace(trace)  # before the seat's threads start: each of them is traced
         sys.settrace(trace)
         try:
@@ -295,8 +296,8 @@ def trace_chat_request(body: dict[str, Any] | None = None) -> PathReport:
                 while not trace.done and time.monotonic() < deadline:
                     time.sleep(0.01)
         finally:
-            sys.settrace(None)
-            threading.settrace(None)  # type: ignore[arg-type]
+            sys.settrace(before[0])
+            threading.settrace(before[1])  # type: ignore[arg-type]
     if not trace.done:
         raise RuntimeError("the trace never reached EngineLoop.submit")
     return PathReport(list(trace.crossings))
