@@ -17,16 +17,15 @@ from typing import Any
 
 from fastapi import APIRouter
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from engine.errors import InvalidRequestError
 from engine.structured.tools import ToolCall
 from nxctl.server.api_errors import bad_request
-from nxctl.server.generation import Work, collect, stream
+from nxctl.server.generation import Work
 from nxctl.server.host import SeatModel
-from nxctl.server.lease import LeasedStream
 from nxctl.server.ollama_sampling import OllamaLimits, ollama_top
-from nxctl.server.ollama_shared import NDJSON, OllamaReply, answer, load_or_unload, ndjson, ollama_body
+from nxctl.server.ollama_shared import OllamaReply, load_or_unload, ollama_body, respond
 from nxctl.server.request_context import read_request
 from nxctl.server.schemas_ollama import ChatRequest, Message
 from nxctl.server.streaming import Delta
@@ -48,13 +47,7 @@ async def chat(request: Request) -> Response:
     lease = ctx.seat.lease(req.model, req.keep(), ctx.timeline)
     async with lease as model:
         work = await chat_work(req, model, ctx.seat.settings.default_max_tokens)
-        reply = OllamaReply(
-            req.model, model.tokenizer, bool(req.logprobs), ctx.arrival, lease.load_seconds, work.shape
-        )
-        if req.stream is not False:
-            return LeasedStream(ndjson(stream(ctx, model, work), reply, chat_body), lease, NDJSON)
-        (out,) = await collect(ctx, model, work)
-        return JSONResponse(answer(reply, out, chat_body))
+        return await respond(ctx, req, lease, model, work, chat_body)
 
 
 # ---- the request as engine work --------------------------------------------------------------------

@@ -22,7 +22,10 @@ from engine.structured.tools import ToolCall
 from nxctl.server.answer_reader import AnswerShape
 from nxctl.server.api_errors import APIError, as_api_error
 from nxctl.server.finish_reasons import api_finish
+from nxctl.server.generation import Work, collect, stream
+from nxctl.server.host import SeatModel
 from nxctl.server.keep_alive import KeepAlive
+from nxctl.server.lease import LeasedStream, ModelLease
 from nxctl.server.model_info import iso_time
 from nxctl.server.request_context import RequestContext
 from nxctl.server.streaming import Delta
@@ -140,6 +143,28 @@ async def ndjson(deltas: AsyncGenerator[Delta, None], reply: OllamaReply, body: 
         if not isinstance(exc, APIError):
             log.error("formatting a stream failed", exc_info=exc)
         yield line({"error": as_api_error(exc).message})
+
+
+class Asked(Protocol):
+    """What an Ollama generation request says of its answer (ChatRequest, GenerateRequest)."""
+
+    model: str
+    logprobs: bool | None
+    stream: bool | None
+
+
+async def respond(
+    ctx: RequestContext[Any], req: Asked, lease: ModelLease, model: SeatModel, work: Work, body: Body
+) -> Response:
+    """The leased ``model``'s answer to ``work`` as ``body`` shapes it: NDJSON lines unless the request
+    turned streaming off, else one JSON object."""
+    reply = OllamaReply(
+        req.model, model.tokenizer, bool(req.logprobs), ctx.arrival, lease.load_seconds, work.shape
+    )
+    if req.stream is not False:
+        return LeasedStream(ndjson(stream(ctx, model, work), reply, body), lease, NDJSON)
+    (out,) = await collect(ctx, model, work)
+    return JSONResponse(answer(reply, out, body))
 
 
 async def load_or_unload(ctx: RequestContext[Any], keep: KeepAlive, empty: dict[str, Any]) -> Response:
