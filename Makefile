@@ -9,7 +9,7 @@ ARGS   ?=
 PEERS  ?= .peers
 NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 
-.PHONY: setup test lint gate gate-matrix serve fixtures bench peers clean
+.PHONY: setup test lint gate gate-matrix serve fixtures bench peers bigmodels clean
 
 setup: $(STAMP) $(KSTAMP)
 
@@ -68,13 +68,30 @@ $(PEERS)/vllm/.installed:
 	$(PEERS)/vllm/bin/python -c "import vllm"
 	touch $@
 
-# built for this CPU (-march=native) less AMX: where a VM advertises AMX but does not enable its tile state,
-# ggml's AMX kernels die on their first tile load (SIGILL); no cached wheel, so the flags always apply
-$(PEERS)/llamacpp/.installed:
+# llama.cpp itself, from the tree the llama-cpp-python source package vendors, built for this CPU
+# (GGML_NATIVE) less AMX: where a VM advertises AMX but does not enable its tile state, ggml's AMX kernels
+# die on their first tile load (SIGILL). The peer's venv only runs its standard-library driver, which
+# starts llama-server and llama-bench from $(LLAMA_BUILD)/bin; llama-quantize makes `make bigmodels`.
+LLAMACPP_PY := 0.3.36
+LLAMA_DIR   := $(PEERS)/llama.cpp
+LLAMA_TREE  := $(LLAMA_DIR)/llama_cpp_python-$(LLAMACPP_PY)/vendor/llama.cpp
+LLAMA_BUILD := $(LLAMA_DIR)/build
+LLAMA_TOOLS := llama-server llama-bench llama-quantize llama-batched-bench
+
+$(LLAMA_DIR)/.built:
+	mkdir -p $(LLAMA_DIR)/sdist
+	test -f $(LLAMA_TREE)/CMakeLists.txt || ( $(PYTHON) -m pip download -q --no-deps --no-binary :all: \
+	  llama-cpp-python==$(LLAMACPP_PY) -d $(LLAMA_DIR)/sdist && \
+	  tar -xzf $(LLAMA_DIR)/sdist/llama_cpp_python-$(LLAMACPP_PY).tar.gz -C $(LLAMA_DIR) )
+	CFLAGS="$(NO_AMX)" CXXFLAGS="$(NO_AMX)" cmake -S $(LLAMA_TREE) -B $(LLAMA_BUILD) -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+	  -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+	  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+	cmake --build $(LLAMA_BUILD) -j$$(nproc) --target $(LLAMA_TOOLS)
+	touch $@
+
+$(PEERS)/llamacpp/.installed: $(LLAMA_DIR)/.built
 	test -x $(PEERS)/llamacpp/bin/python || $(PYTHON) -m venv $(PEERS)/llamacpp
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) CFLAGS="$(NO_AMX)" CXXFLAGS="$(NO_AMX)" \
-	  $(PEERS)/llamacpp/bin/python -m pip install -q --no-cache-dir --force-reinstall llama-cpp-python==0.3.36
-	$(PEERS)/llamacpp/bin/python -c "import llama_cpp"
+	$(LLAMA_BUILD)/bin/llama-server --version
 	touch $@
 
 # the converter (HF folder -> CTranslate2) needs transformers and torch beside ctranslate2
@@ -83,6 +100,21 @@ $(PEERS)/ct2/.installed:
 	$(PEERS)/ct2/bin/python -m pip install -q torch==2.13.0
 	$(PEERS)/ct2/bin/python -m pip install -q ctranslate2==4.8.5 transformers==4.57.6
 	$(PEERS)/ct2/bin/python -c "import ctranslate2, transformers"
+	touch $@
+
+# Random-weight GGUFs of real shapes (Llama-3.2-1B's in every common type, 3B's in Q4_K_M) under
+# $(PEERS)/bigmodels, made as users' files are: transformers' checkpoint, llama.cpp's converter (in a venv
+# with its own requirements), llama-quantize (fixtures/make_bigmodels.py). Never in git or CI: ~9 GB.
+bigmodels: setup $(PEERS)/llamacpp/.installed $(PEERS)/convert/.installed
+	$(BIN)/python fixtures/make_bigmodels.py --llama-cpp $(LLAMA_TREE) --converter-python $(PEERS)/convert/bin/python \
+	  --quantize $(LLAMA_BUILD)/bin/llama-quantize --out $(PEERS)/bigmodels $(ARGS)
+
+# llama.cpp's convert_hf_to_gguf.py's requirements (its requirements file, torch pinned to our CPU wheel)
+$(PEERS)/convert/.installed: $(LLAMA_DIR)/.built
+	test -x $(PEERS)/convert/bin/python || $(PYTHON) -m venv $(PEERS)/convert
+	$(PEERS)/convert/bin/python -m pip install -q torch==2.13.0
+	$(PEERS)/convert/bin/python -m pip install -q 'numpy~=2.2.6' 'sentencepiece>=0.1.98,<0.3.0' \
+	  'transformers==4.57.6' 'protobuf>=4.21.0,<5.0.0' ./$(LLAMA_TREE)/gguf-py
 	touch $@
 
 clean:

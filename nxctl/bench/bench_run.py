@@ -229,13 +229,44 @@ def _single(ctx: _Context, label: str, rep: int) -> dict[str, Any]:
     for who, run in runs:
         record = run.records[0]
         result |= _decode_figures(ctx, who, decode_tokens_per_s(record), record.ttft, step_bytes)
+    result |= _prefill_figures(ctx)
     for name in ctx.peer_runs.schedules():
         outcome = _peer_outcome(ctx, name, name, req.output_len)
         if outcome is not None and SINGLE in outcome.answer.runs:
             answer = outcome.answer.runs[SINGLE][rep].requests[0]
             ttft = answer.token_times[0] if answer.token_times else None
             result |= _decode_figures(ctx, name, decode_tps(answer), ttft, outcome.step_bytes)
+            result |= _peer_bench_figures(name, outcome.answer.info)
     return result
+
+
+PREFILL_TOKENS = 512  # the prompt whose prefill rate the single schedule reports (llama-bench's -p 512)
+
+
+def _prefill_figures(ctx: _Context) -> dict[str, float | None]:
+    """One prompt of PREFILL_TOKENS random tokens (fewer if the context is shorter) alone on our invariant
+    engine: its TTFT and prefill tok/s (prompt tokens / TTFT)."""
+    config = ctx.loaded.config
+    length = min(PREFILL_TOKENS, config.max_position_embeddings - 2)
+    ids = torch.randint(0, config.vocab_size, (length,), generator=torch.Generator().manual_seed(512))
+    req = WorkloadRequest(0, ids.tolist(), 1, 0.0, "prefill")
+    record = run_static(make_engine(ctx.loaded, ctx.engine_config()), [req], 1, lambda n: None).records[0]
+    tps = None if record.ttft is None or record.ttft <= 0 else length / record.ttft
+    return {"prefill_tokens": length, "invariant_prefill_ms": _ms(record.ttft), "invariant_prefill_tps": tps}
+
+
+def _peer_bench_figures(name: str, info: dict[str, Any]) -> dict[str, float]:
+    """A peer's own benchmark of one request (llama.cpp's llama-bench: ``info.llama_bench``), as
+    ``<name>_prefill_tps`` (its pp512) and ``<name>_bench_decode_tps`` (its tg128)."""
+    figures = info.get("llama_bench") or {}
+    out = {}
+    if f"pp{PREFILL_TOKENS}" in figures:
+        out[f"{name}_prefill_tps"] = float(figures[f"pp{PREFILL_TOKENS}"])
+    decode = sorted(k for k in figures if k.startswith("tg"))
+    if decode:
+        out[f"{name}_bench_decode_tps"] = float(figures[decode[0]])
+        out[f"{name}_bench_decode_tokens"] = int(decode[0][2:])
+    return out
 
 
 def _decode_figures(
@@ -246,6 +277,7 @@ def _decode_figures(
     gbps = None if tps is None or step_bytes is None else tps * step_bytes / 1e9
     return {
         f"{who}_decode_tps": tps,
+        f"{who}_decode_bytes_per_token": step_bytes,
         f"{who}_ttft_ms": _ms(ttft_s),
         f"{who}_decode_weights_gbps": gbps,
         f"{who}_decode_bandwidth_fraction": None if gbps is None else gbps / ctx.read_gbps,

@@ -51,8 +51,18 @@ LATENCY_STATS = ("mean", "median", "p99")
 SINGLE_METRICS = tuple(
     f"{who}_{m}"
     for who in ("invariant", "spec", "hf", *SUBPROCESS_SCHEDULES)
-    for m in ("decode_tps", "ttft_ms", "decode_weights_gbps", "decode_bandwidth_fraction")
-)
+    for m in (
+        "decode_tps",
+        "ttft_ms",
+        "decode_weights_gbps",
+        "decode_bandwidth_fraction",
+        "decode_bytes_per_token",  # weight bytes one decode step reads, as that engine holds them
+        "prefill_tps",  # one PREFILL_TOKENS prompt's tokens / its TTFT (a peer's: its own benchmark's)
+        "prefill_ms",
+        "bench_decode_tps",  # a peer's own benchmark of one request's decode (llama-bench's tg128)
+        "bench_decode_tokens",
+    )
+) + ("prefill_tokens",)
 AGREEMENT = (
     "greedy_agreement",
     "teacher_forced_top1_agreement",
@@ -119,6 +129,26 @@ RATIOS = (
             "output_throughput",
             peer,
             "output_throughput",
+        )
+        for peer in SUBPROCESS_SCHEDULES
+    ),
+    *(
+        Ratio(
+            f"single_invariant_vs_{peer}_prefill_tps",
+            "single",
+            "invariant_prefill_tps",
+            "single",
+            f"{peer}_prefill_tps",
+        )
+        for peer in SUBPROCESS_SCHEDULES
+    ),
+    *(
+        Ratio(
+            f"single_invariant_vs_{peer}_bench_decode_tps",
+            "single",
+            "invariant_decode_tps",
+            "single",
+            f"{peer}_bench_decode_tps",
         )
         for peer in SUBPROCESS_SCHEDULES
     ),

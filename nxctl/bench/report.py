@@ -151,6 +151,7 @@ def footer(result: BenchResult) -> list[str]:
             if f"{who}_decode_tps" in single:
                 parts.append(f"{who} {_single_decode(single, who)}")
         lines.append(", ".join(parts))
+        lines.extend(_own_benchmarks(single))
     for name, value in data["ratios"].items():
         lines.append(f"ratio {name}: {_cell(value, 3)}")
     for name, value in data["agreement"].items():
@@ -198,3 +199,36 @@ def _single_decode(single: dict[str, Any], who: str) -> str:
     if gbps is not None and fraction is not None:
         text += f" ({_cell(gbps, 1)} GB/s of weights, {_cell(_percent(fraction), 0)}% of read bandwidth)"
     return text
+
+
+def _own_benchmarks(single: dict[str, Any]) -> list[str]:
+    """The prefill line (ours beside each peer's own benchmark) and each peer's own decode benchmark."""
+    if single.get("invariant_prefill_tps") is None:
+        return []
+    tokens = _cell(single.get("prefill_tokens"), 0)
+    parts = [
+        f"prefill of one {tokens}-token prompt (tok/s): ours {_cell(single['invariant_prefill_tps'], 1)}"
+    ]
+    for who in SUBPROCESS_SCHEDULES:
+        if f"{who}_prefill_tps" in single:
+            parts.append(f"{who}'s own benchmark {_cell(single[f'{who}_prefill_tps'], 1)}")
+    lines = [", ".join(parts)]
+    for who in SUBPROCESS_SCHEDULES:
+        if f"{who}_bench_decode_tps" in single:
+            lines.append(
+                f"{who}'s own benchmark of one request's decode ({_cell(single[f'{who}_bench_decode_tokens'], 0)} "
+                f"tokens): {_cell(single[f'{who}_bench_decode_tps'], 1)} tok/s"
+            )
+    ours = single.get("invariant_decode_bytes_per_token")
+    if ours is not None:
+        read = [f"ours {_cell(_median(ours) / 1e6, 1)} MB"]
+        for who in SUBPROCESS_SCHEDULES:
+            theirs = single.get(f"{who}_decode_bytes_per_token")
+            if theirs is not None:
+                read.append(f"{who} {_cell(_median(theirs) / 1e6, 1)} MB")
+        lines.append("weight bytes one decode step reads: " + ", ".join(read))
+    return lines
+
+
+def _median(value: Any) -> float:
+    return float(value["median"]) if isinstance(value, dict) else float(value)

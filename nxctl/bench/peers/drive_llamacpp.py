@@ -1,160 +1,181 @@
-"""The llama.cpp peer's driver: llama-cpp-python's low-level bindings on the GGUF file itself.
+"""The llama.cpp peer's driver: llama.cpp's own binaries (`make peers` builds them natively) on the GGUF.
 
-A plain script run by the llamacpp peer's own python (standard library and llama_cpp only):
-``python drive_llamacpp.py JOB.json ANSWER.json``; the JSON is nxctl/bench/peers/protocol.py's.
+A plain script run by the llamacpp peer's own python (standard library only):
+``python drive_llamacpp.py JOB.json ANSWER.json``; the JSON is nxctl/bench/peers/protocol.py's. The
+binaries' folder comes in ``NXCTL_LLAMACPP_BIN``.
 
-Continuous batching as llama.cpp's ``parallel`` example does it: one context with ``max_num_seqs``
-sequences (each its own KV stream of ``max_model_len`` cells); a request takes a free sequence when it
-has arrived, and each ``llama_decode`` carries one token of every running sequence plus the whole
-prompt of every sequence admitted in this round (logits only where a token is sampled). Greedy
-sampling in C (``llama_sampler_init_greedy``), exactly ``max_tokens`` tokens (EOS never checked); a
-finished sequence's cells are freed. A single request is the same loop with one sequence running.
-Forwards: llama_decode splits a batch into micro-batches of ``n_ubatch`` tokens, each a pass over
-the weights, and the driver counts those.
+- Requests: ``llama-server`` with ``-np`` = the job's max_num_seqs slots, each of ``max_model_len``
+  cells (``-c`` = slots x that, one KV stream per slot), prompt caching off (``--no-cache-prompt``, and
+  ``cache_prompt: false`` per request), continuous batching (its default). Each request is sent at its
+  arrival time from a thread of its own to ``/completion`` with the prompt as token ids, greedy
+  (``samplers: ["top_k"]``, ``top_k: 1``), ``ignore_eos`` and ``n_predict`` = max_tokens, streamed with
+  ``return_tokens``, so each token's arrival is timed as a client sees it. ``forwards`` is the server's
+  ``llamacpp:n_decode_total`` over the repeat (its llama_decode calls).
+- One request's decode and a prompt's prefill as llama.cpp reports them: ``llama-bench -p 512 -n 128``
+  (``-r 3``), in ``info.llama_bench`` (tok/s of each test), the figures llama.cpp's own users quote.
 """
 
 from __future__ import annotations
 
 import json
-import math
+import os
+import socket
+import subprocess
 import sys
+import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
-import llama_cpp as ll
-
-UBATCH = 512  # llama.cpp's default micro-batch
+BENCH_PROMPT, BENCH_GEN, BENCH_REPEATS = 512, 128, 3
 
 
-class Context:
-    """The model, one context sized for the job, a token batch and a greedy sampler."""
+def binaries() -> Path:
+    folder = Path(os.environ.get("NXCTL_LLAMACPP_BIN", ""))
+    if not (folder / "llama-server").is_file():
+        raise RuntimeError(f"no llama-server in {folder} (NXCTL_LLAMACPP_BIN): run `make peers`")
+    return folder
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """A llama-server process for the job, on a free port of 127.0.0.1; ``load_s`` until it answered."""
 
     def __init__(self, job: dict[str, Any]) -> None:
-        ll.llama_backend_init()
-        mparams = ll.llama_model_default_params()
-        self.model = ll.llama_model_load_from_file(job["model"].encode(), mparams)
-        if not self.model:
-            raise RuntimeError(f"llama.cpp could not load {job['model']}")
-        self.seqs = job["max_num_seqs"]
-        per_seq = 256 * math.ceil(job["max_model_len"] / 256)
-        cparams = ll.llama_context_default_params()
-        cparams.n_ctx = per_seq * self.seqs
-        cparams.n_batch = cparams.n_ctx  # a round may carry every admitted prompt whole
-        cparams.n_ubatch = UBATCH
-        cparams.n_seq_max = self.seqs
-        cparams.n_threads = job["threads"]
-        cparams.n_threads_batch = job["threads"]
-        if hasattr(cparams, "kv_unified"):
-            cparams.kv_unified = False  # one KV stream per sequence
-        self.ctx = ll.llama_init_from_model(self.model, cparams)
-        if not self.ctx:
-            raise RuntimeError("llama.cpp could not create a context")
-        self.batch = ll.llama_batch_init(cparams.n_batch, 0, 1)
-        self.sampler = ll.llama_sampler_init_greedy()
-        self.memory = ll.llama_get_memory(self.ctx)
+        self.port = free_port()
+        seqs, per_seq = job["max_num_seqs"], 256 * -(-job["max_model_len"] // 256)
+        threads = str(job["threads"])
+        cmd = [
+            str(binaries() / "llama-server"), "-m", job["model"], "--host", "127.0.0.1", "--port", str(self.port),
+            "-t", threads, "-tb", threads, "-np", str(seqs), "-c", str(seqs * per_seq), "--no-kv-unified",
+            "--no-cache-prompt", "--cache-ram", "0", "--no-webui", "--metrics", "-sps", "0",
+        ]  # fmt: skip
+        started = time.perf_counter()
+        self.proc = subprocess.Popen(cmd, stdout=sys.stderr, stderr=sys.stderr)  # into the peer's log
+        while not self._healthy():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with status {self.proc.returncode}")
+            time.sleep(0.2)
+        self.load_s = time.perf_counter() - started
 
-    def clear(self) -> None:
-        ll.llama_memory_clear(self.memory, True)
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
 
-    def free(self, seq: int) -> None:
-        ll.llama_memory_seq_rm(self.memory, seq, -1, -1)
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url("/health"), timeout=2) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
 
-    def add(self, token: int, pos: int, seq: int, logits: bool) -> int:
-        """Append one token to the batch; its index in the batch."""
-        b, i = self.batch, self.batch.n_tokens
-        b.token[i] = token
-        b.pos[i] = pos
-        b.n_seq_id[i] = 1
-        b.seq_id[i][0] = seq
-        b.logits[i] = logits
-        b.n_tokens = i + 1
-        return i
+    def decodes(self) -> int:
+        """The server's llama_decode calls so far (its Prometheus counter)."""
+        with urllib.request.urlopen(self.url("/metrics"), timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("llamacpp:n_decode_total"):
+                    return int(float(line.split()[-1]))
+        raise RuntimeError("llama-server's /metrics has no llamacpp:n_decode_total")
 
-    def decode(self) -> int:
-        """Run the batch; the number of micro-batches (passes over the weights) it took."""
-        n = self.batch.n_tokens
-        rc = ll.llama_decode(self.ctx, self.batch)
-        if rc != 0:
-            raise RuntimeError(f"llama_decode returned {rc}")
-        self.batch.n_tokens = 0
-        return math.ceil(n / UBATCH)
-
-    def sample(self, index: int) -> int:
-        return int(ll.llama_sampler_sample(self.sampler, self.ctx, index))
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
 
-def run_once(c: Context, requests: list[dict[str, Any]]) -> dict[str, Any]:
-    """One pass over ``requests`` (the protocol's repeat): continuous batching over c.seqs sequences."""
-    c.clear()
-    order = sorted(range(len(requests)), key=lambda i: requests[i]["arrival_s"])
-    ids: list[list[int]] = [[] for _ in requests]
-    times: list[list[float]] = [[] for _ in requests]
-    ends = [0.0] * len(requests)
-    free = list(range(c.seqs))
-    running: dict[int, int] = {}  # sequence -> request
-    forwards, admitted = 0, 0
-    t0 = time.perf_counter()
-    while admitted < len(order) or running:
-        now = time.perf_counter() - t0
-        fresh = []
-        while free and admitted < len(order) and requests[order[admitted]]["arrival_s"] <= now:
-            seq, i = free.pop(0), order[admitted]
-            running[seq] = i
-            fresh.append(seq)
-            admitted += 1
-        if not running:
-            time.sleep(max(0.0, requests[order[admitted]]["arrival_s"] - now))
-            continue
-        sample_at: dict[int, int] = {}
-        for seq, i in running.items():
-            if seq not in fresh:
-                pos = len(requests[i]["prompt_token_ids"]) + len(ids[i]) - 1
-                sample_at[seq] = c.add(ids[i][-1], pos, seq, True)
-        for seq in fresh:
-            prompt = requests[running[seq]]["prompt_token_ids"]
-            for pos, token in enumerate(prompt):
-                index = c.add(token, pos, seq, pos == len(prompt) - 1)
-            sample_at[seq] = index
-        forwards += c.decode()
-        for seq, index in sample_at.items():
-            i = running[seq]
-            ids[i].append(c.sample(index))
-            times[i].append(time.perf_counter() - t0)
-            if len(ids[i]) == requests[i]["max_tokens"]:
-                ends[i] = times[i][-1]
-                del running[seq]
-                c.free(seq)
-                free.append(seq)
-    return {
-        "duration_s": max(ends),
-        "forwards": forwards,
-        "requests": [
-            {"token_ids": ids[i], "token_times": times[i], "end_s": ends[i], "cached_tokens": 0}
-            for i in range(len(requests))
-        ],
+def complete(server: Server, request: dict[str, Any], t0: float, out: dict[str, Any]) -> None:
+    """One request, streamed: its token ids and each one's arrival (seconds from ``t0``) into ``out``."""
+    body = {
+        "prompt": request["prompt_token_ids"],
+        "n_predict": request["max_tokens"],
+        "ignore_eos": True,
+        "samplers": ["top_k"],
+        "top_k": 1,
+        "cache_prompt": False,
+        "stream": True,
+        "return_tokens": True,
     }
+    post = urllib.request.Request(
+        server.url("/completion"), json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    ids: list[int] = []
+    times: list[float] = []
+    with urllib.request.urlopen(post, timeout=3600) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data: "):
+                continue
+            chunk = json.loads(line[len("data: ") :])
+            tokens = chunk.get("tokens") or []
+            now = time.perf_counter() - t0
+            ids.extend(int(t) for t in tokens)
+            times.extend([now] * len(tokens))
+    out.update(token_ids=ids, token_times=times, end_s=time.perf_counter() - t0, cached_tokens=0)
+
+
+def run_once(server: Server, requests: list[dict[str, Any]]) -> dict[str, Any]:
+    """One repeat: every request sent at its arrival time, all in flight together."""
+    answers: list[dict[str, Any]] = [{} for _ in requests]
+    before = server.decodes()
+    t0 = time.perf_counter()
+    threads = []
+    for i in sorted(range(len(requests)), key=lambda i: requests[i]["arrival_s"]):
+        time.sleep(max(0.0, requests[i]["arrival_s"] - (time.perf_counter() - t0)))
+        thread = threading.Thread(target=complete, args=(server, requests[i], t0, answers[i]))
+        thread.start()
+        threads.append(thread)
+    for thread in threads:
+        thread.join()
+    if not all(answers):
+        raise RuntimeError("a request to llama-server failed (see its log)")
+    duration = max(a["end_s"] for a in answers)
+    return {"duration_s": duration, "forwards": server.decodes() - before, "requests": answers}
+
+
+def llama_bench(model: str, threads: int) -> dict[str, float]:
+    """llama-bench's prefill and decode tok/s on ``model``: {"pp512": ..., "tg128": ...}."""
+    cmd = [
+        str(binaries() / "llama-bench"), "-m", model, "-t", str(threads), "-p", str(BENCH_PROMPT),
+        "-n", str(BENCH_GEN), "-r", str(BENCH_REPEATS), "-o", "json",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    figures = {}
+    for test in json.loads(proc.stdout):
+        name = f"pp{test['n_prompt']}" if test["n_prompt"] else f"tg{test['n_gen']}"
+        figures[name] = float(test["avg_ts"])
+    return figures
 
 
 def main(argv: list[str]) -> None:
     job = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
-    started = time.perf_counter()
-    c = Context(job)
-    if job.get("warmup"):
-        first = next(iter(job["runs"].values()))[0]
-        warm = {"prompt_token_ids": first["prompt_token_ids"][:16], "max_tokens": 2, "arrival_s": 0.0}
-        run_once(c, [warm, warm])
-    load_s = time.perf_counter() - started
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in job["runs"]}
-    for _ in range(job["repeat"]):
-        for name, requests in job["runs"].items():
-            runs[name].append(run_once(c, requests))
+    server = Server(job)
+    try:
+        if job.get("warmup"):
+            first = next(iter(job["runs"].values()))[0]
+            warm = {"prompt_token_ids": first["prompt_token_ids"][:16], "max_tokens": 2, "arrival_s": 0.0}
+            run_once(server, [warm, warm])
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in job["runs"]}
+        for _ in range(job["repeat"]):
+            for name, requests in job["runs"].items():
+                runs[name].append(run_once(server, requests))
+    finally:
+        server.stop()
+    version = subprocess.run([str(binaries() / "llama-server"), "--version"], capture_output=True, text=True)
     info = {
-        "engine": "llama.cpp",
-        "version": ll.__version__,
-        "system": bytes(ll.llama_print_system_info()).decode(errors="replace").strip(" |"),
+        "engine": "llama.cpp (native llama-server, llama-bench)",
+        "version": (version.stdout + version.stderr).strip().splitlines()[0]
+        if version.returncode == 0
+        else "",
+        "llama_bench": llama_bench(job["model"], job["threads"]),
     }
-    answer = {"protocol": 1, "load_s": load_s, "info": info, "runs": runs}
+    answer = {"protocol": 1, "load_s": server.load_s, "info": info, "runs": runs}
     Path(argv[2]).write_text(json.dumps(answer), encoding="utf-8")
 
 

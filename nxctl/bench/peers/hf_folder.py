@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 
 from engine.config import ModelConfig
 from engine.loader import LoadedModel, ModelSource
+from engine.loader.tokenizer import ChatTokenizer
 
 
 def hf_config(config: ModelConfig) -> dict[str, Any]:
@@ -62,7 +63,12 @@ def write_hf_folder(loaded: LoadedModel, folder: Path) -> None:
         if not (loaded.config.tie_word_embeddings and name == "lm_head.weight")
     }
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    tok = loaded.tokenizer
+    write_tokenizer_files(loaded.tokenizer, folder, loaded.config.max_position_embeddings)
+
+
+def write_tokenizer_files(tok: ChatTokenizer, folder: Path, max_length: int) -> None:
+    """tokenizer.json and tokenizer_config.json (with the chat template) of ``tok`` in ``folder``, as
+    transformers' fast tokenizer reads them."""
     (folder / "tokenizer.json").write_text(tok.tokenizer.to_str(), encoding="utf-8")
     tokenizer_config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -71,7 +77,7 @@ def write_hf_folder(loaded: LoadedModel, folder: Path) -> None:
         "add_bos_token": False,
         "add_eos_token": False,
         "clean_up_tokenization_spaces": False,
-        "model_max_length": loaded.config.max_position_embeddings,
+        "model_max_length": max_length,
     }
     if tok.chat_template:
         tokenizer_config["chat_template"] = tok.chat_template

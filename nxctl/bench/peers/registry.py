@@ -43,7 +43,8 @@ class PeerSpec:
     driver: Path
     model: Literal["hf_folder", "gguf"]  # what it loads: the cached HF folder, or the GGUF file itself
     configs: tuple[PeerConfig, ...]
-    env: dict[str, str] = field(default_factory=dict)  # its own variables; "{last_core}" = threads - 1
+    # its own variables; "{last_core}" = threads - 1, "{peers_dir}" = the peers directory
+    env: dict[str, str] = field(default_factory=dict)
 
     def venv(self, peers_dir: Path) -> Path:
         return peers_dir / self.name
@@ -55,10 +56,11 @@ class PeerSpec:
         """Whether `make peers` finished this peer's venv (its stamp is written last)."""
         return (self.venv(peers_dir) / STAMP).is_file() and self.python(peers_dir).exists()
 
-    def environment(self, threads: int) -> dict[str, str]:
+    def environment(self, threads: int, peers_dir: Path) -> dict[str, str]:
         """Variables the driver process starts with: OpenMP threads are fixed before its runtime starts."""
         common = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-        return common | {k: v.format(last_core=threads - 1) for k, v in self.env.items()}
+        own = {k: v.format(last_core=threads - 1, peers_dir=peers_dir.resolve()) for k, v in self.env.items()}
+        return common | own
 
 
 SPECS: dict[str, PeerSpec] = {
@@ -83,10 +85,11 @@ SPECS: dict[str, PeerSpec] = {
         ),
         PeerSpec(
             "llamacpp",
-            "llama.cpp (llama-cpp-python, native build) on the GGUF, parallel sequences in one batch",
+            "llama.cpp's own llama-server (continuous batching) and llama-bench, built natively, on the GGUF",
             HERE / "drive_llamacpp.py",
             "gguf",
             (PeerConfig("llamacpp", {}, "gguf"),),
+            {"NXCTL_LLAMACPP_BIN": "{peers_dir}/llama.cpp/build/bin"},
         ),
         PeerSpec(
             "ct2",

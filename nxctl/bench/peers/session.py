@@ -133,7 +133,7 @@ class PeerRuns:
                 spec.python(self.peers_dir),
                 spec.driver,
                 job,
-                spec.environment(self.threads),
+                spec.environment(self.threads, self.peers_dir),
                 log,
                 timeout_s=1800.0 * (1 + self.repeat),
             )

@@ -66,6 +66,11 @@ def test_repeats_aggregate_and_ratios_pair_up(tmp_path) -> None:
     assert "ratios.cb_invariant_vs_fast_output_throughput" in data["figures"]
     assert "ratios.cb_invariant_vs_hf_output_throughput" not in data["figures"]  # no peer, no ratio
     assert data["figures"]["single.invariant_decode_tps"] > 0
+    # one 512-token prompt's prefill: its tokens over its TTFT; the bytes a decode step reads as held
+    for single in result.runs["single"]:
+        assert single["prefill_tokens"] == 512
+        assert single["invariant_prefill_tps"] * single["invariant_prefill_ms"] / 1000 == pytest.approx(512)
+        assert single["invariant_decode_bytes_per_token"] > 0
     assert data["machine"]["peak_gflops"]["float32"] > 0 and data["peak_rss_mb"] > 0
 
 
