@@ -8,9 +8,14 @@ holds: the 16 rows' float16 scales d, for 4-bit types their float16 offsets m (Q
 column j | column j+8 << 4). Rows past N are zero (weight 0). Every value the kernels compute from a
 tile, q * d (+ m), is exactly gguf's dequantized value: the products are exact in float32.
 
-The K types are regrouped by 32 k with float32 scales (their per-sub-block scales are products of a
-float16 and a small integer, exact in float32 but not in float16): Q4_K as Q4S (d, m = -dmin * min,
-nibbles as Q4), Q6_K as Q8S (a scale per 16 k, so two per tile, then the quants as int8).
+Q4_K is held at the file's size as Q4S: per panel and super-block of 256 k (8 blocks), one super-tile
+of as many bytes as the 16 GGUF blocks it holds (2304): a header of the 16 rows' float16 d and dmin, then
+the high 2 bits of each block's 6-bit sub-scale and sub-min (one nibble a row per block: sc_hi | mn_hi <<
+2, rows j and j + 8 in byte j's low and high nibble), then the 8 block tiles: the low 4 bits of each
+row's sub-scale and sub-min (one byte: sc_lo | mn_lo << 4), then the nibbles as Q4. The kernels form a
+block's d = d_super * sc and m = -(dmin * mn) in registers: float32 products that are exact (11 bits
+times 6), so q * d + m is gguf's value. Q6_K is regrouped by 32 k with float32 scales as Q8S (a scale per
+16 k, so two per tile, then the quants as int8).
 
 For integer activations (engine/kernels/csrc/qdot.h) the same tiles hold their quants in the dot
 layout: k in quads of 4, each column's quad 4 bytes in a row (Q8: q ^ 0x80; Q4: quad j in the low
@@ -36,17 +41,28 @@ QUADS = BLOCK // 4
 FORMAT_OF = {"Q8_0": Q8, "Q4_0": Q4, "Q4_1": Q4, "Q4_K": Q4S, "Q6_K": Q8S}
 SCALE_BYTES = PANEL * 2  # 16 float16 scales (or mins)
 WIDE_SCALE_BYTES = PANEL * 4  # 16 float32 scales (or mins)
-TILE_BYTES = {
+SUPER = 8  # Q4S: blocks of 32 per super-block (Q4_K's 256 k)
+Q4S_HEAD = 2 * SCALE_BYTES + SUPER * PANEL // 2  # d, dmin float16 [16] each; the scales' high bits
+TILE_BYTES = {  # per block of 32 k (Q4S: after its super-tile's header)
     Q8: SCALE_BYTES + BLOCK * PANEL,
     Q4: 2 * SCALE_BYTES + BLOCK * PANEL // 2,
-    Q4S: 2 * WIDE_SCALE_BYTES + BLOCK * PANEL // 2,
+    Q4S: PANEL + BLOCK * PANEL // 2,
     Q8S: 2 * WIDE_SCALE_BYTES + BLOCK * PANEL,
 }
+GROUP = {Q8: 1, Q4: 1, Q4S: SUPER, Q8S: 1}  # blocks per (super-)tile of the packed tensor's last dimension
+HEAD = {Q8: 0, Q4: 0, Q4S: Q4S_HEAD, Q8S: 0}  # a super-tile's header before its block tiles
+
+
+def super_bytes(fmt: int) -> int:
+    """Bytes of one entry of a packed tensor's last dimension: a (super-)tile of GROUP[fmt] blocks."""
+    base = fmt % DOT
+    return HEAD[base] + GROUP[base] * TILE_BYTES[base]
 
 
 def packed_bytes(qtype: str, n: int, k: int) -> int:
     """Bytes a quantized [N, K] weight of ``qtype`` occupies packed."""
-    return -(-n // PANEL) * (k // BLOCK) * TILE_BYTES[FORMAT_OF[qtype]]
+    fmt = FORMAT_OF[qtype]
+    return -(-n // PANEL) * (k // (BLOCK * GROUP[fmt])) * super_bytes(fmt)
 
 
 def _f16(raw: torch.Tensor) -> torch.Tensor:
@@ -76,21 +92,54 @@ def _nibble_tiles(d: torch.Tensor, m: torch.Tensor, values: torch.Tensor, panels
 
 
 def _pack_q4_k(weight: QuantizedWeight, panels: int) -> torch.Tensor:
-    """Q4_K blocks as Q4S tiles: per 32-element sub-block d = d_super * sc and m = -(dmin * mn), both
-    exact float32 products (gguf's own scale unpacking), and the sub-block's nibbles."""
+    """Q4_K blocks as Q4S super-tiles [P, K / 256, 2304] (the module docstring): the float16 d and dmin,
+    the 6-bit sub-scales and sub-mins split in low and high bits (gguf's own unpacking), the nibbles."""
     n, k = weight.shape
     raw = weight.blocks  # [N, K / 256, 144]
     supers = raw.shape[1]
-    d_super = _f16(raw[..., 0:2]).float()  # [N, ns]
-    dmin = _f16(raw[..., 2:4]).float()
     sc, mn = gguf.quants.Q4_K.get_scale_min(raw[..., 4:16].reshape(-1, 12).numpy())  # [N * ns, 8] each
-    sc_t = torch.from_numpy(sc.astype(np.float32)).view(n, supers, 8)
-    mn_t = torch.from_numpy(mn.astype(np.float32)).view(n, supers, 8)
-    d = (d_super[..., None] * sc_t).reshape(n, k // BLOCK)  # [N, nb]
-    m = -(dmin[..., None] * mn_t).reshape(n, k // BLOCK)
+    sc_t = torch.from_numpy(sc.astype(np.uint8)).view(n, supers, SUPER)
+    mn_t = torch.from_numpy(mn.astype(np.uint8)).view(n, supers, SUPER)
+    low = ((sc_t & 0x0F) | ((mn_t & 0x0F) << 4)).reshape(n, supers * SUPER)  # [N, nb]
+    high = (sc_t >> 4) | ((mn_t >> 4) << 2)  # [N, ns, 8], 0..15
     qs = raw[..., 16:].reshape(n, supers, 4, 1, 32)  # 4 chunks of 32 bytes: low nibbles, then high
-    values = torch.cat([qs & 0x0F, qs >> 4], dim=3).reshape(n, k // BLOCK, BLOCK)  # [N, nb, 32]
-    return _nibble_tiles(d, m, values, panels)
+    values = torch.cat([qs & 0x0F, qs >> 4], dim=3).reshape(n, supers * SUPER, BLOCK)  # [N, nb, 32]
+    v = _by_panel(values, panels).permute(0, 2, 3, 1)  # [P, nb, 32, 16]
+    nibbles = v[..., : PANEL // 2] | (v[..., PANEL // 2 :] << 4)  # [P, nb, 32, 8]
+    tiles = torch.cat([_by_panel(low, panels).transpose(1, 2), _as_bytes(nibbles)], dim=-1)  # [P, nb, 272]
+    scales = [_as_bytes(_by_panel(_f16(raw[..., at : at + 2]), panels).transpose(1, 2)) for at in (0, 2)]
+    h = _by_panel(high, panels).permute(0, 2, 3, 1)  # [P, ns, 8, 16]
+    high_nibbles = (h[..., : PANEL // 2] | (h[..., PANEL // 2 :] << 4)).reshape(
+        panels, supers, -1
+    )  # [P, ns, 64]
+    return _join(torch.cat([*scales, high_nibbles], dim=-1), tiles)
+
+
+def _join(head: torch.Tensor, tiles: torch.Tensor) -> torch.Tensor:
+    """Q4S super-tiles from their headers [..., ns, 128] and block tiles [..., nb, 272]: [..., ns, 2304]."""
+    return torch.cat([head, tiles.reshape(*head.shape[:-1], -1)], dim=-1)
+
+
+def _split(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4S super-tiles [..., ns, 2304] -> (headers [..., ns, 128], block tiles [..., nb, 272])."""
+    head, body = packed[..., :Q4S_HEAD], packed[..., Q4S_HEAD:]
+    return head, body.reshape(*packed.shape[:-2], -1, TILE_BYTES[Q4S])
+
+
+def _q4s_scales(head: torch.Tensor, low: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each Q4S block's d = d_super * sc and m = -(dmin * mn) per row, float32 [..., nb, 16] each, from the
+    headers [..., ns, 128] and the blocks' low bytes [..., nb, 16]: the kernels' exact products."""
+    lead, supers = head.shape[:-2], head.shape[-2]
+    d_super = head[..., :SCALE_BYTES].contiguous().view(torch.float16).float()  # [..., ns, 16]
+    dmin = head[..., SCALE_BYTES : 2 * SCALE_BYTES].contiguous().view(torch.float16).float()
+    packed_high = head[..., 2 * SCALE_BYTES :].reshape(*lead, supers, SUPER, PANEL // 2)
+    high = torch.cat([packed_high & 0x0F, packed_high >> 4], dim=-1).int()  # [..., ns, 8, 16]
+    low = low.reshape(*lead, supers, SUPER, PANEL).int()
+    sc = (low & 0x0F) | ((high & 0x03) << 4)
+    mn = (low >> 4) | ((high >> 2) << 4)
+    d = d_super[..., None, :] * sc.float()
+    m = -(dmin[..., None, :] * mn.float())
+    return d.reshape(*lead, -1, PANEL), m.reshape(*lead, -1, PANEL)
 
 
 def _pack_q6_k(weight: QuantizedWeight, panels: int) -> torch.Tensor:
@@ -112,13 +161,21 @@ def _pack_q6_k(weight: QuantizedWeight, panels: int) -> torch.Tensor:
 
 
 def _header_bytes(fmt: int) -> int:
-    """Bytes of a tile's scales, before its quants."""
-    return {Q8: SCALE_BYTES, Q4: 2 * SCALE_BYTES}.get(fmt, 2 * WIDE_SCALE_BYTES)
+    """Bytes of a block tile's scales, before its quants (Q4S: the sub-scales' low bits)."""
+    return {Q8: SCALE_BYTES, Q4: 2 * SCALE_BYTES, Q4S: PANEL}.get(fmt, 2 * WIDE_SCALE_BYTES)
 
 
-def to_dot_layout(tiles: torch.Tensor, fmt: int) -> torch.Tensor:
-    """Tiles [..., tile bytes] of ``fmt`` with their quants regrouped for integer activations (format
-    fmt + DOT or + WIDE; see the module docstring)."""
+def to_dot_layout(packed: torch.Tensor, fmt: int) -> torch.Tensor:
+    """A packed weight of ``fmt`` with its quants regrouped for integer activations (format fmt + DOT or
+    + WIDE; see the module docstring): every block tile's quants, headers unchanged."""
+    if fmt == Q4S:
+        head, tiles = _split(packed)
+        return _join(head, _tiles_to_dot_layout(tiles, fmt))
+    return _tiles_to_dot_layout(packed, fmt)
+
+
+def _tiles_to_dot_layout(tiles: torch.Tensor, fmt: int) -> torch.Tensor:
+    """Block tiles [..., tile bytes] of ``fmt`` in the dot layout."""
     head, body = tiles[..., : _header_bytes(fmt)], tiles[..., _header_bytes(fmt) :]
     lead = tiles.shape[:-1]
     if fmt in (Q8, Q8S):
@@ -148,9 +205,9 @@ def _from_dot_layout(tiles: torch.Tensor, fmt: int) -> torch.Tensor:
 def pack_quantized(weight: QuantizedWeight, activations: str = "float") -> tuple[int, torch.Tensor]:
     """(format, packed [P, K / 32, tile bytes] uint8) of a quantized [N, K] weight for its inputs'
     ``activations`` ("float"; "int8" or "int16": the dot layout, format + DOT or + WIDE)."""
-    fmt, tiles = _pack(weight)
+    fmt, packed = _pack(weight)
     offset = ACTIVATION_OFFSET[activations]
-    return (fmt + offset, to_dot_layout(tiles, fmt).contiguous()) if offset else (fmt, tiles)
+    return (fmt + offset, to_dot_layout(packed, fmt).contiguous()) if offset else (fmt, packed)
 
 
 def _pack(weight: QuantizedWeight) -> tuple[int, torch.Tensor]:
@@ -179,14 +236,21 @@ def _pack(weight: QuantizedWeight) -> tuple[int, torch.Tensor]:
     return Q4, _nibble_tiles(d16, m16, values, panels)
 
 
-def _tile_parts(tiles: torch.Tensor, fmt: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """tiles [..., nb, tile bytes] -> scale [..., nb, 32, 16] (each k's), m [..., nb, 1, 16] or None,
-    quants [..., nb, 32, 16], all float32."""
-    if fmt >= DOT:
-        fmt %= DOT
+def _tile_parts(packed: torch.Tensor, fmt: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """packed [..., entries, super bytes] -> scale [..., nb, 32, 16] (each k's), m [..., nb, 1, 16] or
+    None, quants [..., nb, 32, 16], all float32."""
+    dot, fmt = fmt >= DOT, fmt % DOT
+    tiles, head = packed, None
+    if fmt == Q4S:
+        head, tiles = _split(packed)
+    if dot:
         tiles = _from_dot_layout(tiles, fmt)
     lead = tiles.shape[:-1]
-    if fmt in (Q4S, Q8S):
+    if head is not None:
+        d16, m16 = _q4s_scales(head, tiles[..., :PANEL])  # [..., nb, 16] each
+        d, second = d16.unsqueeze(-2), m16.unsqueeze(-2)
+        body = tiles[..., PANEL:]
+    elif fmt == Q8S:
         wide = tiles[..., : 2 * WIDE_SCALE_BYTES].contiguous().view(torch.float32)  # [..., nb, 32]
         d, second = wide[..., :PANEL].unsqueeze(-2), wide[..., PANEL:].unsqueeze(-2)
         body = tiles[..., 2 * WIDE_SCALE_BYTES :]
@@ -214,15 +278,15 @@ def _values(scale: torch.Tensor, m: torch.Tensor | None, q: torch.Tensor) -> tor
 
 def unpack_quantized(packed: torch.Tensor, fmt: int, n: int) -> torch.Tensor:
     """The [N, K] float32 weight the kernels multiply by (gguf's dequantized values)."""
-    panels, blocks, _ = packed.shape
     w = _values(*_tile_parts(packed, fmt))  # [P, nb, 32, 16]
+    panels, blocks = w.shape[:2]
     return w.permute(0, 3, 1, 2).reshape(panels * PANEL, blocks * BLOCK)[:n].contiguous()
 
 
 def quantized_rows(packed: torch.Tensor, fmt: int, ids: torch.Tensor) -> torch.Tensor:
     """Rows ``ids`` [T] long of the weight, dequantized: [T, K] float32 (an embedding lookup)."""
     if ids.numel() == 0:  # (the layout's reshapes cannot infer a width from no rows)
-        return torch.empty(0, packed.shape[1] * BLOCK)
+        return torch.empty(0, packed.shape[1] * GROUP[fmt % DOT] * BLOCK)
     scale, m, q = _tile_parts(packed[ids // PANEL], fmt)  # [T, nb, 32, 16], [T, nb, 1, 16], [T, nb, 32, 16]
     col = (ids % PANEL).view(-1, 1, 1, 1)
     scale = scale.gather(3, col.expand(-1, scale.shape[1], BLOCK, 1))  # [T, nb, 32, 1]

@@ -32,6 +32,13 @@ void check_cpu(const torch::Tensor& t, const char* what) {
   TORCH_CHECK(t.is_contiguous(), what, " must be contiguous");
 }
 
+// a packed quantized weight's shape: [P, K / (32 x group), group bytes] uint8 (quantized.h)
+void check_packed(const torch::Tensor& packed, int64_t format) {
+  const int64_t group = nxk::group_blocks(format), bytes = nxk::group_bytes(format);
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == torch::kUInt8 && packed.size(2) == bytes,
+              "packed weight must be [P, K / ", nxk::kQBlock * group, ", ", bytes, "] uint8");
+}
+
 // x [M, K] float32; packed [P, K, 16] float32 or bfloat16 -> y [M, N] float32
 torch::Tensor linear(const std::string& isa, const torch::Tensor& x, const torch::Tensor& packed, int64_t n) {
   check_cpu(x, "x");
@@ -61,10 +68,10 @@ torch::Tensor qlinear(const std::string& isa, const torch::Tensor& x, const torc
   check_cpu(packed, "packed weight");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x must be [M, K] float32");
   TORCH_CHECK(format >= nxk::kQ8 && format <= nxk::kQ8SW, "unknown quantized format ", format);
-  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == torch::kUInt8 && packed.size(2) == nxk::tile_bytes(format),
-              "packed weight must be [P, K / 32, ", nxk::tile_bytes(format), "] uint8");
+  check_packed(packed, format);
   const int64_t m = x.size(0), k = x.size(1), panels = packed.size(0);
-  TORCH_CHECK(packed.size(1) * nxk::kQBlock == k, "x has K=", k, " but the weight ", packed.size(1) * nxk::kQBlock);
+  const int64_t weight_k = packed.size(1) * nxk::kQBlock * nxk::group_blocks(format);
+  TORCH_CHECK(weight_k == k, "x has K=", k, " but the weight ", weight_k);
   TORCH_CHECK(panels == (n + nxk::kPanel - 1) / nxk::kPanel, "packed weight does not hold N=", n);
   auto y = torch::empty({m, n}, x.options());
   nxk::run_qlinear(table_for(isa), x.data_ptr<float>(), m, k, packed.data_ptr<uint8_t>(), format, n,
@@ -78,10 +85,10 @@ torch::Tensor quantized_rows(const std::string&, const torch::Tensor& packed, in
   check_cpu(packed, "packed weight");
   check_cpu(ids, "ids");
   TORCH_CHECK(format >= nxk::kQ8 && format <= nxk::kQ8SW, "unknown quantized format ", format);
-  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == torch::kUInt8 && packed.size(2) == nxk::tile_bytes(format),
-              "packed weight must be [P, K / 32, ", nxk::tile_bytes(format), "] uint8");
+  check_packed(packed, format);
   TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == torch::kLong, "ids must be [T] long");
-  const int64_t rows = ids.size(0), k = packed.size(1) * nxk::kQBlock, limit = packed.size(0) * nxk::kPanel;
+  const int64_t k = packed.size(1) * nxk::kQBlock * nxk::group_blocks(format);
+  const int64_t rows = ids.size(0), limit = packed.size(0) * nxk::kPanel;
   const int64_t* id = ids.data_ptr<int64_t>();
   for (int64_t t = 0; t < rows; ++t) TORCH_CHECK(id[t] >= 0 && id[t] < limit, "row ", id[t], " outside the weight's ", limit);
   auto out = torch::empty({rows, k}, torch::kFloat32);

@@ -105,8 +105,10 @@ HeldLinear DecoderStack::held(const torch::Tensor& data, int64_t format, int64_t
   TORCH_CHECK(data.size(0) == (n + kPanel - 1) / kPanel, "a held linear does not hold N=", n);
   if (format >= 0) {
     TORCH_CHECK(format >= kQ8 && format <= kQ8SW, "unknown quantized format ", format);
-    TORCH_CHECK(data.scalar_type() == torch::kUInt8 && data.size(1) * kQBlock == k && data.size(2) == tile_bytes(format),
-                "a quantized linear must be [P, ", k / kQBlock, ", ", tile_bytes(format), "] uint8");
+    const int64_t group = group_blocks(format);
+    TORCH_CHECK(data.scalar_type() == torch::kUInt8 && data.size(1) * kQBlock * group == k &&
+                    data.size(2) == group_bytes(format),
+                "a quantized linear must be [P, ", k / (kQBlock * group), ", ", group_bytes(format), "] uint8");
     TORCH_CHECK(context_format == format || (is_wide_format(format) && context_format == format - kDotFormats),
                 "a context format must be the weight's own or, for int16 inputs, int8 ones");
   } else {

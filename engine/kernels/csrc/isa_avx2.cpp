@@ -45,7 +45,8 @@ inline __m256i quad_of(const uint8_t* quants, int64_t j, int h) {
   }
 }
 
-// half h's 8 scales (Q4, Q4S: which = 1 gives the mins; Q8S: the second half block's scales)
+// half h's 8 scales of a block's scale header (block_head: Q4, Q4S: which = 1 gives the mins; Q8S: the
+// second half block's scales)
 template <int F>
 inline __m256 scales_of(const uint8_t* tile, int which, int h) {
   if constexpr (F == kQ4S || F == kQ8S) return _mm256_loadu_ps(reinterpret_cast<const float*>(tile) + which * kPanel + h * 8);
@@ -62,14 +63,14 @@ inline __m256i quad_dot16(__m256i acc, __m256i even, __m256i odd, __m256i x_even
 // R rows (from row m) x one panel of 16 columns over all of K, stored to y; Q: int8 or int16 inputs
 template <int F, int R, class Q>
 void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t m, float* y, int64_t N, int64_t cols) {
-  constexpr int64_t TB = tile_bytes(F);
   constexpr bool wide = sizeof(Q) == 2;
   const int64_t nb = K / kQBlock;
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* tile = panel + b * TB;
-    const uint8_t* quants = tile + scale_bytes(F);
+    float buf[2 * kPanel];
+    const uint8_t* tile = block_head<F>(panel, b, buf);
+    const uint8_t* quants = block_quants<F>(panel, b);
     const int32_t* xw[R];  // the row's inputs by 4 bytes: one quad (int8) or half a quad (int16)
     for (int r = 0; r < R; ++r) xw[r] = reinterpret_cast<const int32_t*>(a.q + (m + r) * K + b * kQBlock);
     constexpr int passes = F == kQ8S ? 2 : 1;  // Q8S: one scale per half block
@@ -140,10 +141,9 @@ constexpr int64_t kFmaLeastRows = 32;  // fewer rows: dot_tile (the conversions 
 // The quants of a 4-bit panel (Q4, Q4S in the dot layout) as floats, [K, 16] in k order
 template <int F>
 void panel_quants_as_floats(const uint8_t* panel, int64_t K, float* wf) {
-  constexpr int64_t TB = tile_bytes(F);
   const __m256i byte = _mm256_set1_epi32(0xFF);
   for (int64_t b = 0; b < K / kQBlock; ++b) {
-    const uint8_t* quants = panel + b * TB + scale_bytes(F);
+    const uint8_t* quants = block_quants<F>(panel, b);
     for (int64_t j = 0; j < kQuads; ++j)
       for (int h = 0; h < 2; ++h) {
         const __m256i quad = quad_of<F>(quants, j, h);  // lane c: column 8h + c, its byte i is k = 4j + i
@@ -160,7 +160,6 @@ void panel_quants_as_floats(const uint8_t* panel, int64_t K, float* wf) {
 template <int F, int R>
 void exact_tile(const QActs16& a, const float* xt, int64_t K, const uint8_t* panel, const float* wf, int64_t m,
                 float* y, int64_t N, int64_t cols) {
-  constexpr int64_t TB = tile_bytes(F);
   const int64_t nb = K / kQBlock;
   __m256 acc[R][2];  // the outputs so far (the compiler may keep them in memory: read once a block)
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
@@ -177,7 +176,8 @@ void exact_tile(const QActs16& a, const float* xt, int64_t K, const uint8_t* pan
         sum[r][1] = _mm256_fmadd_ps(xb, w1, sum[r][1]);
       }
     }
-    const uint8_t* tile = panel + b * TB;
+    float buf[2 * kPanel];
+    const uint8_t* tile = block_head<F>(panel, b, buf);
     for (int r = 0; r < R; ++r) {
       const float dx = a.d[(m + r) * nb + b];
       const int32_t* s = a.s + ((m + r) * nb + b) * 2;
@@ -197,7 +197,7 @@ void exact_tile(const QActs16& a, const float* xt, int64_t K, const uint8_t* pan
 template <int F>
 void exact_panels(const QActs16& a, int64_t M, int64_t K, const uint8_t* packed, int64_t N, float* y,
                   int64_t panel_begin, int64_t panel_end) {
-  const int64_t panel_bytes = K / kQBlock * tile_bytes(F);
+  const int64_t panel_bytes = panel_bytes_of(F, K);
   thread_local std::vector<float> xt, wf;
   wf.resize(K * kPanel);
   for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
@@ -236,7 +236,7 @@ void qdot_panels_avx2(const QActsOf<Q>& a, int64_t M, int64_t K, const uint8_t* 
   // rows per tile: 4 where the accumulators and a quad's weights fit the 16 registers with 4 rows (int16
   // inputs; 4-bit weights with int8 ones), 3 for 8-bit weights with int8 inputs (measured slower with 4)
   constexpr int64_t kRows = sizeof(Q) == 2 || F == kQ4 || F == kQ4S ? 4 : 3;
-  const int64_t panel_bytes = K / kQBlock * tile_bytes(F);
+  const int64_t panel_bytes = panel_bytes_of(F, K);
   for (int64_t p = panel_begin; p < panel_end; ++p) {
     const uint8_t* panel = packed + p * panel_bytes;
     const int64_t cols = std::min(kPanel, N - p * kPanel);

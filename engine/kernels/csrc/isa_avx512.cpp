@@ -152,19 +152,18 @@ struct QTile16 {
   }
 
   QTile16() = default;
-  explicit QTile16(const uint8_t* tile) {
+  QTile16(const uint8_t* panel, int64_t b) : quants(block_quants<F>(panel, b)) {
+    alignas(64) float buf[2 * kPanel];
+    const uint8_t* head = block_head<F>(panel, b, buf);
     if constexpr (F == kQ4S || F == kQ8S) {
-      d = _mm512_loadu_ps(reinterpret_cast<const float*>(tile));
-      m = _mm512_loadu_ps(reinterpret_cast<const float*>(tile + kWideScaleBytes));
-      quants = tile + 2 * kWideScaleBytes;
+      d = _mm512_loadu_ps(reinterpret_cast<const float*>(head));
+      m = _mm512_loadu_ps(reinterpret_cast<const float*>(head + kWideScaleBytes));
     } else if constexpr (F == kQ4) {
-      d = half16(tile);
-      m = half16(tile + kScaleBytes);
-      quants = tile + 2 * kScaleBytes;
+      d = half16(head);
+      m = half16(head + kScaleBytes);
     } else {
-      d = half16(tile);
+      d = half16(head);
       m = _mm512_setzero_ps();
-      quants = tile + kScaleBytes;
     }
   }
 
@@ -185,12 +184,11 @@ struct QTile16 {
 template <int F>
 void dequantize_span(const uint8_t* packed, int64_t panel_bytes, int64_t p, int64_t P, int64_t k0, int64_t k1,
                      float* out) {
-  constexpr int64_t TB = tile_bytes(F);
   for (int64_t j = 0; j < P; ++j) {
     const uint8_t* panel = packed + (p + j) * panel_bytes;
     float* rows = out + j * kDepthSpan * kPanel;
     for (int64_t b = k0 / kQBlock; b < k1 / kQBlock; ++b) {
-      const QTile16<F> t(panel + b * TB);
+      const QTile16<F> t(panel, b);
       float* row = rows + (b * kQBlock - k0) * kPanel;
       for (int64_t kk = 0; kk < kQBlock; ++kk) _mm512_store_ps(row + kk * kPanel, t.at(kk));
     }
@@ -208,10 +206,10 @@ void qtile(const float* x, int64_t K, const uint8_t* panel, int64_t panel_bytes,
   for (int64_t b = 0; b < K / kQBlock; ++b) {
     QTile16<F> t[P];
     for (int p = 0; p < P; ++p) {
-      const uint8_t* tile = panel + p * panel_bytes + b * TB;
+      const uint8_t* tile = tile_at<F>(panel + p * panel_bytes, b);
       __builtin_prefetch(tile + 4 * TB);
       __builtin_prefetch(tile + 4 * TB + 64);
-      t[p] = QTile16<F>(tile);
+      t[p] = QTile16<F>(panel + p * panel_bytes, b);
     }
     for (int64_t kk = 0; kk < kQBlock; ++kk) {
       __m512 w[P];
@@ -248,7 +246,7 @@ constexpr int64_t kInRegisterRows = 3;  // up to this many rows, quantized weigh
 template <int F>
 void qlinear_panels_avx512(const float* x, int64_t M, int64_t K, const uint8_t* packed, int64_t N, float* y,
                            int64_t panel_begin, int64_t panel_end) {
-  const int64_t panel_bytes = K / kQBlock * tile_bytes(F);
+  const int64_t panel_bytes = panel_bytes_of(F, K);
   if (M <= kInRegisterRows) {
     for (int64_t p = panel_begin; p < panel_end;) {
       const uint8_t* panel = packed + p * panel_bytes;

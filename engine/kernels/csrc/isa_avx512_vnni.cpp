@@ -34,7 +34,8 @@ int64_t dot_row_block(int64_t K, int64_t panels_bytes) {
   return std::max<int64_t>(kDotRows, rows / kDotRows * kDotRows);
 }
 
-// panel p's 16 scales (Q4, Q4S: which = 1 gives the mins; Q8S: the second half block's scales)
+// a block's 16 scales from its scale header (block_head: Q4, Q4S: which = 1 gives the mins; Q8S: the
+// second half block's scales)
 template <int F>
 inline __m512 scales_of(const uint8_t* tile, int which) {
   if constexpr (F == kQ4S || F == kQ8S) return _mm512_loadu_ps(reinterpret_cast<const float*>(tile) + which * kPanel);
@@ -60,10 +61,14 @@ void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t pane
   for (int r = 0; r < R; ++r)
     for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* tile[P];
+    const uint8_t* tile[P];  // the block's scale header (block_head)
+    const uint8_t* quants[P];
+    alignas(64) float buf[P][2 * kPanel];
     for (int p = 0; p < P; ++p) {
-      tile[p] = panel + p * panel_bytes + b * TB;
-      for (int64_t line = 0; line < TB; line += 64) __builtin_prefetch(tile[p] + 4 * TB + line);
+      const uint8_t* at = tile_at<F>(panel + p * panel_bytes, b);
+      for (int64_t line = 0; line < TB; line += 64) __builtin_prefetch(at + 4 * TB + line);
+      tile[p] = block_head<F>(panel + p * panel_bytes, b, buf[p]);
+      quants[p] = block_quants<F>(panel + p * panel_bytes, b);
     }
     const int32_t* xw[R];  // the row's inputs by 4 bytes: one quad (int8) or half a quad (int16)
     for (int r = 0; r < R; ++r) xw[r] = reinterpret_cast<const int32_t*>(a.q + (m + r) * K + b * kQBlock);
@@ -73,7 +78,7 @@ void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t pane
         for (int p = 0; p < P; ++p) is[r][p] = _mm512_setzero_si512();
       for (int64_t j = pass * kQuads / passes; j < (pass + 1) * kQuads / passes; ++j) {
         __m512i w[P];
-        for (int p = 0; p < P; ++p) w[p] = quad_of<F>(tile[p] + scale_bytes(F), j);
+        for (int p = 0; p < P; ++p) w[p] = quad_of<F>(quants[p], j);
         if constexpr (sizeof(Q) == 2) {
           __m512i odd[P];
           for (int p = 0; p < P; ++p) {
@@ -142,7 +147,7 @@ constexpr int64_t kStreamRows = 8;
 template <int F, class Q>
 void qdot_panels_vnni(const QActsOf<Q>& a, int64_t M, int64_t K, const uint8_t* packed, int64_t N, float* y,
                       int64_t panel_begin, int64_t panel_end) {
-  const int64_t panel_bytes = K / kQBlock * tile_bytes(F);
+  const int64_t panel_bytes = panel_bytes_of(F, K);
   const int64_t row_block = dot_row_block<Q>(K, (panel_end - panel_begin) * panel_bytes);
   for (int64_t m0 = 0; m0 < M; m0 += row_block) {
     const int64_t m1 = std::min(M, m0 + row_block);

@@ -43,9 +43,6 @@ constexpr int64_t kQuadRowBytes = kPanel * 4;          // one quad of 16 columns
 constexpr bool is_dot_format(int64_t format) { return format >= kQ8D && format <= kQ8SW; }
 constexpr bool is_wide_format(int64_t format) { return format >= kQ8W && format <= kQ8SW; }
 constexpr int base_format(int64_t format) { return static_cast<int>(format % kDotFormats); }
-constexpr int64_t scale_bytes(int format) {  // the tile's header before its quants
-  return format == kQ8 ? kScaleBytes : format == kQ4 ? 2 * kScaleBytes : 2 * kWideScaleBytes;
-}
 
 // The quant of column c at k (0..31) of a tile's quants in the dot layout of base format F.
 template <int F>
@@ -113,14 +110,15 @@ static inline void quantize_rows(const float* x, int64_t K, Q* q, float* d, int3
 template <class O, int F, class Q>
 void qdot_panels(const QActsOf<Q>& a, int64_t M, int64_t K, const uint8_t* packed, int64_t N, float* y,
                  int64_t panel_begin, int64_t panel_end) {
-  const int64_t nb = K / kQBlock, tb = tile_bytes(F), panel_bytes = nb * tb;
+  const int64_t nb = K / kQBlock, panel_bytes = panel_bytes_of(F, K);
   for (int64_t p = panel_begin; p < panel_end; ++p) {
     const int64_t cols = std::min(kPanel, N - p * kPanel);
     for (int64_t m = 0; m < M; ++m) {
       float acc[kPanel] = {};
       for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* tile = packed + p * panel_bytes + b * tb;
-        const uint8_t* quants = tile + scale_bytes(F);
+        float buf[2 * kPanel];
+        const uint8_t* tile = block_head<F>(packed + p * panel_bytes, b, buf);
+        const uint8_t* quants = block_quants<F>(packed + p * panel_bytes, b);
         const Q* xq = a.q + m * K + b * kQBlock;
         const float dx = a.d[m * nb + b];
         const int32_t* s = a.s + (m * nb + b) * 2;

@@ -8,13 +8,18 @@
 //   Q8   d[16] float16, then q[32][16] int8                      w = q * d
 //   Q4   d[16] float16, m[16] float16, then q[32][8] bytes:      w = fma(q, d, m)
 //        byte j of a row holds column j in its low nibble and column j + 8 in its high nibble
-//   Q4S  d[16] float32, m[16] float32, then q[32][8] bytes as Q4:  w = fma(q, d, m)
+//   Q4S  Q4_K at the file's size: per super-block of 256 k (8 blocks) one super-tile (2304 bytes, the
+//        16 GGUF blocks' 144 each): D[16] float16, Dmin[16] float16, then per block j 8 bytes of the
+//        6-bit sub-scales' and sub-mins' high 2 bits (column c: nibble sc_hi | mn_hi << 2, columns c
+//        and c + 8 in byte c's low and high nibble), then the 8 block tiles: lo[16] (column c: byte
+//        sc_lo | mn_lo << 4), then q[32][8] bytes as Q4.  d = D * sc, m = -(Dmin * mn), w = fma(q, d, m)
 //   Q8S  d[16] float32 (k 0..15), e[16] float32 (k 16..31), then q[32][16] int8:  w = q * (d or e)
 // GGUF's Q8_0 is Q8; Q4_1 is Q4 with its own min m; Q4_0 is Q4 with m = -8 d. Every product q * d is
 // exact in float32 (an 11-bit f16 scale times at most 8 bits), so fma(q, d, m) is gguf's d * q + m.
-// Q4_K is Q4S: its sub-block scale d = d_super * sc and min m = -(dmin * mn) are exact float32 products
-// (11 bits times 6), and q * d is exact (21 bits), so fma(q, d, m) is gguf's d * q - dm. Q6_K is Q8S:
-// a scale per 16 k, d_super * sc exact (11 bits times 8), q * d exact (at most 24 bits).
+// Q4_K is Q4S: its sub-block scale d = D * sc and min m = -(Dmin * mn) are exact float32 products (11
+// bits times 6), formed per block in registers (block_head), and q * d is exact (21 bits), so fma(q, d, m)
+// is gguf's d * q - dm. Q6_K is Q8S: a scale per 16 k, d_super * sc exact (11 bits times 8), q * d exact
+// (at most 24 bits).
 #pragma once
 
 #include <algorithm>
@@ -31,17 +36,77 @@ enum QFormat : int { kQ8 = 0, kQ4 = 1, kQ4S = 2, kQ8S = 3 };
 constexpr int64_t kScaleBytes = kPanel * 2;  // 16 float16 scales (or mins)
 constexpr int64_t kWideScaleBytes = kPanel * 4;  // 16 float32 scales (or mins)
 
-// (format + 4, the same tile in qdot.h's dot layout, has the same size)
+constexpr int64_t kSuperBlocks = 8;  // Q4S: blocks per super-block (GGUF's QK_K = 256 k)
+constexpr int64_t kQ4SHead = 2 * kScaleBytes + kSuperBlocks * kPanel / 2;  // a Q4S super-tile's header
+
+// Bytes of one block's tile (Q4S: after its super-tile's header). Format + 4, the same tile in qdot.h's
+// dot layout, has the same size.
 constexpr int64_t tile_bytes(int64_t format) {
   const int64_t f = format % 4;
   return f == kQ8    ? kScaleBytes + kQBlock * kPanel
          : f == kQ4  ? 2 * kScaleBytes + kQBlock * kPanel / 2
-         : f == kQ4S ? 2 * kWideScaleBytes + kQBlock * kPanel / 2
+         : f == kQ4S ? kPanel + kQBlock * kPanel / 2
                      : 2 * kWideScaleBytes + kQBlock * kPanel;
 }
+// Bytes of a tile's own header, before its quants (Q4S: the low bits of its sub-scales and sub-mins)
+constexpr int64_t scale_bytes(int64_t format) {
+  const int64_t f = format % 4;
+  return f == kQ8 ? kScaleBytes : f == kQ4 ? 2 * kScaleBytes : f == kQ4S ? kPanel : 2 * kWideScaleBytes;
+}
+// Blocks per entry of a packed weight's last dimension, and that entry's bytes (a super-tile for Q4S)
+constexpr int64_t group_blocks(int64_t format) { return format % 4 == kQ4S ? kSuperBlocks : 1; }
+constexpr int64_t group_bytes(int64_t format) {
+  return (format % 4 == kQ4S ? kQ4SHead : 0) + group_blocks(format) * tile_bytes(format);
+}
+// Bytes of one panel of a [N, K] weight
+constexpr int64_t panel_bytes_of(int64_t format, int64_t K) {
+  return K / (kQBlock * group_blocks(format)) * group_bytes(format);
+}
 
-// One field of a tile's header for column c (the same bytes in the dot layouts): which = 0 its scale
-// d, which = 1 its second field (Q4, Q4S: the min m; Q8S: the scale of k 16..31; Q8: none, 0)
+// Block b's tile within a panel
+template <int F>
+inline const uint8_t* tile_at(const uint8_t* panel, int64_t b) {
+  if constexpr (F % 4 == kQ4S)
+    return panel + (b / kSuperBlocks) * group_bytes(F) + kQ4SHead + (b % kSuperBlocks) * tile_bytes(F);
+  return panel + b * tile_bytes(F);
+}
+
+// Block b's quants within a panel
+template <int F>
+inline const uint8_t* block_quants(const uint8_t* panel, int64_t b) {
+  return tile_at<F>(panel, b) + scale_bytes(F);
+}
+
+// Q4S block b's scales and mins per column, as float32 d[16] then m[16] into out: d = D * sc and
+// m = -(Dmin * mn), exact products whichever instruction forms them
+inline void q4s_block_scales(const uint8_t* panel, int64_t b, float* out) {
+  const uint8_t* super = panel + (b / kSuperBlocks) * group_bytes(kQ4S);
+  const int64_t j = b % kSuperBlocks;
+  const uint16_t* d = reinterpret_cast<const uint16_t*>(super);
+  const uint8_t* high = super + 2 * kScaleBytes + j * (kPanel / 2);
+  const uint8_t* low = super + kQ4SHead + j * tile_bytes(kQ4S);
+  for (int64_t c = 0; c < kPanel; ++c) {
+    const int h = c < kPanel / 2 ? high[c] & 0x0F : high[c - kPanel / 2] >> 4;
+    const int sc = (low[c] & 0x0F) | ((h & 0x03) << 4), mn = (low[c] >> 4) | ((h >> 2) << 4);
+    out[c] = f16_to_float(d[c]) * static_cast<float>(sc);
+    out[kPanel + c] = -(f16_to_float(d[kPanel + c]) * static_cast<float>(mn));
+  }
+}
+
+// Where block b's scale header is read from: its tile's own header, except for Q4S, whose scales and
+// mins are formed into ``buf`` (2 * kPanel floats) as float32 d[16] then m[16]: the same header the
+// readers below take for every scale held as float32.
+template <int F>
+inline const uint8_t* block_head(const uint8_t* panel, int64_t b, float* buf) {
+  if constexpr (F % 4 == kQ4S) {
+    q4s_block_scales(panel, b, buf);
+    return reinterpret_cast<const uint8_t*>(buf);
+  }
+  return tile_at<F>(panel, b);
+}
+
+// One field of a block's scale header (block_head) for column c: which = 0 its scale d, which = 1 its
+// second field (Q4, Q4S: the min m; Q8S: the scale of k 16..31; Q8: none, 0)
 template <int F>
 inline float tile_field(const uint8_t* tile, int which, int64_t c) {
   if constexpr (F == kQ4S || F == kQ8S) return reinterpret_cast<const float*>(tile)[which * kPanel + c];
@@ -59,33 +124,32 @@ inline int32_t tile_quant(const uint8_t* quants, int64_t k, int64_t c) {
   return c < 8 ? byte & 0x0F : byte >> 4;
 }
 
-// One tile's scales in registers; ``at(kk)`` gives row kk's 16 weights as two vectors.
+// One block's scales in registers; ``at(kk)`` gives row kk's 16 weights as two vectors.
 template <class O, int F>
 struct QTile {
   using V = typename O::V;
   const uint8_t* quants;
   V d0, d1, m0, m1;  // Q8S: m holds the scales of k 16..31
 
-  explicit QTile(const uint8_t* tile) {
+  QTile(const uint8_t* panel, int64_t b) : quants(block_quants<F>(panel, b)) {
+    float buf[2 * kPanel];
+    const uint8_t* head = block_head<F>(panel, b, buf);
     if constexpr (F == kQ4S || F == kQ8S) {
-      const float* d = reinterpret_cast<const float*>(tile);
+      const float* d = reinterpret_cast<const float*>(head);
       d0 = O::load(d);
       d1 = O::load(d + kLanes);
       m0 = O::load(d + kPanel);
       m1 = O::load(d + kPanel + kLanes);
-      quants = tile + 2 * kWideScaleBytes;
       return;
     }
-    const uint16_t* d = reinterpret_cast<const uint16_t*>(tile);
+    const uint16_t* d = reinterpret_cast<const uint16_t*>(head);
     d0 = O::load_f16(d);
     d1 = O::load_f16(d + kLanes);
     if constexpr (F == kQ4) {
       m0 = O::load_f16(d + kPanel);
       m1 = O::load_f16(d + kPanel + kLanes);
-      quants = tile + 2 * kScaleBytes;
     } else {
       m0 = m1 = O::zero();
-      quants = tile + kScaleBytes;
     }
   }
 
@@ -113,13 +177,12 @@ template <class O, int F, int R, int NP>
 void qlinear_tile(const float* xt, int64_t K, const uint8_t* panel, int64_t panel_bytes, float* y,
                   int64_t ldy, const int64_t* cols) {
   using V = typename O::V;
-  constexpr int64_t TB = tile_bytes(F);
   V acc[R][2 * NP];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < 2 * NP; ++j) acc[r][j] = O::zero();
   for (int64_t b = 0; b < K / kQBlock; ++b) {
-    const QTile<O, F> t0(panel + b * TB);
-    const QTile<O, F> t1(panel + (NP > 1 ? panel_bytes : 0) + b * TB);
+    const QTile<O, F> t0(panel, b);
+    const QTile<O, F> t1(panel + (NP > 1 ? panel_bytes : 0), b);
     for (int64_t kk = 0; kk < kQBlock; ++kk) {
       const float* xk = xt + (b * kQBlock + kk) * kRowTile;
       V w[2 * NP];
@@ -151,9 +214,8 @@ void qlinear_tile_rows(int64_t rows, const float* xt, int64_t K, const uint8_t* 
 // panel p dequantized into buf [K, 16] float32 (the layout kernels.h's linear_tile reads)
 template <class O, int F>
 void dequantize_panel(const uint8_t* panel, int64_t K, float* buf) {
-  constexpr int64_t TB = tile_bytes(F);
   for (int64_t b = 0; b < K / kQBlock; ++b) {
-    const QTile<O, F> t(panel + b * TB);
+    const QTile<O, F> t(panel, b);
     for (int64_t kk = 0; kk < kQBlock; ++kk) {
       typename O::V w0, w1;
       t.at(kk, w0, w1);
@@ -171,7 +233,7 @@ void dequantize_panel(const uint8_t* panel, int64_t K, float* buf) {
 template <class O, int F>
 void qlinear_panels(const float* x, int64_t M, int64_t K, const uint8_t* packed, int64_t N, float* y,
                     int64_t panel_begin, int64_t panel_end) {
-  const int64_t panel_bytes = K / kQBlock * tile_bytes(F);
+  const int64_t panel_bytes = panel_bytes_of(F, K);
   const auto cols_of = [N](int64_t p) { return std::min(kPanel, N - p * kPanel); };
   if (M <= kRowTile) {
     std::vector<float> xt(K * kRowTile, 0.0f);

@@ -13,12 +13,14 @@ namespace nxk {
 // out rows [begin, end) of [T, K] = rows ids[t] of a weight in base format F, dot layout or not
 template <int F, bool Dot>
 void quantized_rows_of(const uint8_t* packed, int64_t K, const int64_t* ids, float* out, int64_t begin, int64_t end) {
-  const int64_t nb = K / kQBlock, tb = tile_bytes(F);
+  const int64_t nb = K / kQBlock, panel_bytes = panel_bytes_of(F, K);
   for (int64_t t = begin; t < end; ++t) {
-    const int64_t panel = ids[t] / kPanel, c = ids[t] % kPanel;
+    const uint8_t* panel = packed + ids[t] / kPanel * panel_bytes;
+    const int64_t c = ids[t] % kPanel;
     for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* tile = packed + (panel * nb + b) * tb;
-      const uint8_t* quants = tile + scale_bytes(F);
+      float buf[2 * kPanel];
+      const uint8_t* tile = block_head<F>(panel, b, buf);
+      const uint8_t* quants = block_quants<F>(panel, b);
       const float d = tile_field<F>(tile, 0, c), second = tile_field<F>(tile, 1, c);
       float* row = out + t * K + b * kQBlock;
       for (int64_t k = 0; k < kQBlock; ++k) {
@@ -35,7 +37,7 @@ void quantized_rows_of(const uint8_t* packed, int64_t K, const int64_t* ids, flo
   }
 }
 
-// out [T, K] = rows ids[t] of the weight packed [P, K / 32, tile bytes] in ``format``, for t in [begin, end)
+// out [T, K] = rows ids[t] of the weight packed [P, K / (32 x group), group bytes] in ``format``, for t in [begin, end)
 inline void quantized_rows(const uint8_t* packed, int64_t format, int64_t K, const int64_t* ids, float* out,
                            int64_t begin, int64_t end) {
   const bool dot = is_dot_format(format);
