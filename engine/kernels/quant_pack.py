@@ -14,12 +14,17 @@ the high 2 bits of each block's 6-bit sub-scale and sub-min (one nibble a row pe
 2, rows j and j + 8 in byte j's low and high nibble), then the 8 block tiles: the low 4 bits of each
 row's sub-scale and sub-min (one byte: sc_lo | mn_lo << 4), then the nibbles as Q4. The kernels form a
 block's d = d_super * sc and m = -(dmin * mn) in registers: float32 products that are exact (11 bits
-times 6), so q * d + m is gguf's value. Q6_K is regrouped by 32 k with float32 scales as Q8S (a scale per
-16 k, so two per tile, then the quants as int8).
+times 6), so q * d + m is gguf's value. Q6_K is held at the file's size as Q8S: per panel and super-block
+one super-tile of 3360 bytes (16 x 210): a header of the 16 rows' float16 D, then their 16 int8 sub-scales
+(one per 16 k, [16 sub-blocks][16 rows]); then 8 block tiles of the 6-bit quants u = q + 32 in two planes,
+the low 4 bits as Q4's nibbles (256 bytes) and the high 2 bits (128 bytes: row k's 4 bytes hold column c
+at bits 2c of a little-endian word). The kernels form the half block's scale D * sc (exact: 11 bits times
+8) and q = u - 32 in registers.
 
 For integer activations (engine/kernels/csrc/qdot.h) the same tiles hold their quants in the dot
 layout: k in quads of 4, each column's quad 4 bytes in a row (Q8: q ^ 0x80; Q4: quad j in the low
-nibbles of chunk j, quad j + 4 in the high ones). Same bytes, same scales. The format says which
+nibbles of chunk j, quad j + 4 in the high ones; Q8S: its low plane as Q4's, its high plane as 2 chunks
+of 16 columns x 4 bytes, quad 4h + t's 2-bit values at bits 2t of chunk h). Same bytes, same scales. The format says which
 inputs meet it: format + DOT int8 activations, format + WIDE (the same layout) int16 ones.
 """
 
@@ -47,10 +52,17 @@ TILE_BYTES = {  # per block of 32 k (Q4S: after its super-tile's header)
     Q8: SCALE_BYTES + BLOCK * PANEL,
     Q4: 2 * SCALE_BYTES + BLOCK * PANEL // 2,
     Q4S: PANEL + BLOCK * PANEL // 2,
-    Q8S: 2 * WIDE_SCALE_BYTES + BLOCK * PANEL,
+    Q8S: BLOCK * PANEL // 2 + BLOCK * PANEL // 4,  # the quants' low and high planes
 }
-GROUP = {Q8: 1, Q4: 1, Q4S: SUPER, Q8S: 1}  # blocks per (super-)tile of the packed tensor's last dimension
-HEAD = {Q8: 0, Q4: 0, Q4S: Q4S_HEAD, Q8S: 0}  # a super-tile's header before its block tiles
+Q8S_HEAD = SCALE_BYTES + 2 * SUPER * PANEL  # D float16 [16]; int8 sub-scales [16][16]
+LOW_PLANE = BLOCK * PANEL // 2  # Q8S: a block tile's low 4-bit plane, before its 2-bit one
+GROUP = {
+    Q8: 1,
+    Q4: 1,
+    Q4S: SUPER,
+    Q8S: SUPER,
+}  # blocks per (super-)tile of the packed tensor's last dimension
+HEAD = {Q8: 0, Q4: 0, Q4S: Q4S_HEAD, Q8S: Q8S_HEAD}  # a super-tile's header before its block tiles
 
 
 def super_bytes(fmt: int) -> int:
@@ -112,18 +124,31 @@ def _pack_q4_k(weight: QuantizedWeight, panels: int) -> torch.Tensor:
     high_nibbles = (h[..., : PANEL // 2] | (h[..., PANEL // 2 :] << 4)).reshape(
         panels, supers, -1
     )  # [P, ns, 64]
-    return _join(torch.cat([*scales, high_nibbles], dim=-1), tiles)
+    return _join(torch.cat([*scales, high_nibbles], dim=-1), tiles, Q4S)
 
 
-def _join(head: torch.Tensor, tiles: torch.Tensor) -> torch.Tensor:
-    """Q4S super-tiles from their headers [..., ns, 128] and block tiles [..., nb, 272]: [..., ns, 2304]."""
+def _join(head: torch.Tensor, tiles: torch.Tensor, fmt: int) -> torch.Tensor:
+    """Super-tiles of ``fmt`` (Q4S, Q8S) from their headers [..., ns, HEAD] and block tiles [..., nb, tile
+    bytes]: [..., ns, super bytes]."""
+    assert head.shape[-1] == HEAD[fmt] and tiles.shape[-1] == TILE_BYTES[fmt]
     return torch.cat([head, tiles.reshape(*head.shape[:-1], -1)], dim=-1)
 
 
-def _split(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q4S super-tiles [..., ns, 2304] -> (headers [..., ns, 128], block tiles [..., nb, 272])."""
-    head, body = packed[..., :Q4S_HEAD], packed[..., Q4S_HEAD:]
-    return head, body.reshape(*packed.shape[:-2], -1, TILE_BYTES[Q4S])
+def _split(packed: torch.Tensor, fmt: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Super-tiles of ``fmt`` [..., ns, super bytes] -> (headers [..., ns, HEAD], block tiles [..., nb, tile
+    bytes])."""
+    head, body = packed[..., : HEAD[fmt]], packed[..., HEAD[fmt] :]
+    return head, body.reshape(*packed.shape[:-2], -1, TILE_BYTES[fmt])
+
+
+def _q8s_scales(head: torch.Tensor) -> torch.Tensor:
+    """Each Q8S half block's scale D * sc per row, float32 [..., nb, 2, 16], from the headers [..., ns,
+    288]: the kernels' exact products."""
+    d_super = head[..., :SCALE_BYTES].contiguous().view(torch.float16).float()  # [..., ns, 16]
+    subs = head[..., SCALE_BYTES:].contiguous().view(torch.int8).float()  # [..., ns, 256]
+    subs = subs.reshape(*head.shape[:-1], 2 * SUPER, PANEL)  # [..., ns, 16 sub-blocks, 16 rows]
+    scale = d_super[..., None, :] * subs
+    return scale.reshape(*head.shape[:-2], -1, 2, PANEL)
 
 
 def _q4s_scales(head: torch.Tensor, low: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,8 +168,8 @@ def _q4s_scales(head: torch.Tensor, low: torch.Tensor) -> tuple[torch.Tensor, to
 
 
 def _pack_q6_k(weight: QuantizedWeight, panels: int) -> torch.Tensor:
-    """Q6_K blocks as Q8S tiles: the signed 6-bit quants as int8 and each 16 elements' scale
-    d_super * sc (exact in float32), two per 32-element block (gguf's own layout, read as gguf reads it)."""
+    """Q6_K blocks as Q8S super-tiles [P, K / 256, 3360] (the module docstring): the float16 D, the int8
+    sub-scales, the 6-bit quants u = q + 32 (gguf's own unpacking) in a 4-bit and a 2-bit plane."""
     n, k = weight.shape
     raw = weight.blocks  # [N, K / 256, 210]
     supers = raw.shape[1]
@@ -152,25 +177,44 @@ def _pack_q6_k(weight: QuantizedWeight, panels: int) -> torch.Tensor:
     ql = torch.cat([ql & 0x0F, ql >> 4], dim=3).reshape(n, supers, 8, 32)
     qh = raw[..., 128:192].reshape(n, supers, 2, 1, 32)
     qh = torch.cat([(qh >> shift) & 0x03 for shift in (0, 2, 4, 6)], dim=3).reshape(n, supers, 8, 32)
-    q = ((ql | (qh << 4)).to(torch.int16) - 32).to(torch.int8).reshape(n, k // BLOCK, BLOCK)  # [N, nb, 32]
-    scales = raw[..., 192:208].contiguous().view(torch.int8).float()  # [N, ns, 16]
-    d = (_f16(raw[..., 208:210]).float()[..., None] * scales).reshape(n, k // BLOCK, 2)  # [N, nb, 2]
-    first, second = (_as_bytes(_by_panel(d[..., i], panels).transpose(1, 2)) for i in (0, 1))
-    quants = _by_panel(q, panels).permute(0, 2, 3, 1)  # [P, nb, 32, 16]
-    return torch.cat([first, second, _as_bytes(quants)], dim=-1)
+    u = _by_panel((ql | (qh << 4)).reshape(n, k // BLOCK, BLOCK), panels).permute(
+        0, 2, 3, 1
+    )  # [P, nb, 32, 16]
+    low = u & 0x0F
+    nibbles = low[..., : PANEL // 2] | (low[..., PANEL // 2 :] << 4)  # [P, nb, 32, 8]
+    tiles = torch.cat([_as_bytes(nibbles), _two_bit_rows(u >> 4)], dim=-1)  # [P, nb, 384]
+    d_super = _as_bytes(_by_panel(_f16(raw[..., 208:210]), panels).transpose(1, 2))  # [P, ns, 32]
+    subs = (
+        _by_panel(raw[..., 192:208], panels).permute(0, 2, 3, 1).reshape(panels, supers, -1)
+    )  # [P, ns, 256]
+    return _join(torch.cat([d_super, subs], dim=-1), tiles, Q8S)
+
+
+def _two_bit_rows(high: torch.Tensor) -> torch.Tensor:
+    """[..., 32, 16] values 0..3 -> [..., 128] bytes: row k's 4 bytes hold column c at bits 2c."""
+    shifts = 2 * torch.arange(PANEL // 4, dtype=torch.uint8)  # within a byte: columns 4i .. 4i + 3
+    by = high.reshape(*high.shape[:-1], 4, PANEL // 4) << shifts  # [..., 32, 4, 4]
+    return (by[..., 0] | by[..., 1] | by[..., 2] | by[..., 3]).reshape(*high.shape[:-2], -1)
+
+
+def _two_bit_values(plane: torch.Tensor) -> torch.Tensor:
+    """The inverse of _two_bit_rows: [..., 128] bytes -> [..., 32, 16] values 0..3."""
+    by = plane.reshape(*plane.shape[:-1], BLOCK, 4, 1)
+    shifts = 2 * torch.arange(PANEL // 4, dtype=torch.uint8)
+    return ((by >> shifts) & 0x03).reshape(*plane.shape[:-1], BLOCK, PANEL)
 
 
 def _header_bytes(fmt: int) -> int:
-    """Bytes of a block tile's scales, before its quants (Q4S: the sub-scales' low bits)."""
-    return {Q8: SCALE_BYTES, Q4: 2 * SCALE_BYTES, Q4S: PANEL}.get(fmt, 2 * WIDE_SCALE_BYTES)
+    """Bytes of a block tile's scales, before its quants (Q4S: the sub-scales' low bits; Q8S: none)."""
+    return {Q8: SCALE_BYTES, Q4: 2 * SCALE_BYTES, Q4S: PANEL, Q8S: 0}[fmt]
 
 
 def to_dot_layout(packed: torch.Tensor, fmt: int) -> torch.Tensor:
     """A packed weight of ``fmt`` with its quants regrouped for integer activations (format fmt + DOT or
     + WIDE; see the module docstring): every block tile's quants, headers unchanged."""
-    if fmt == Q4S:
-        head, tiles = _split(packed)
-        return _join(head, _tiles_to_dot_layout(tiles, fmt))
+    if GROUP[fmt] > 1:
+        head, tiles = _split(packed, fmt)
+        return _join(head, _tiles_to_dot_layout(tiles, fmt), fmt)
     return _tiles_to_dot_layout(packed, fmt)
 
 
@@ -178,28 +222,49 @@ def _tiles_to_dot_layout(tiles: torch.Tensor, fmt: int) -> torch.Tensor:
     """Block tiles [..., tile bytes] of ``fmt`` in the dot layout."""
     head, body = tiles[..., : _header_bytes(fmt)], tiles[..., _header_bytes(fmt) :]
     lead = tiles.shape[:-1]
-    if fmt in (Q8, Q8S):
+    if fmt == Q8:
         quads = body.reshape(*lead, QUADS, 4, PANEL).transpose(-1, -2)  # [..., 8, 16, 4]
         return torch.cat([head, (quads ^ 0x80).reshape(*lead, -1)], dim=-1)
+    if fmt == Q8S:  # the low plane as Q4's nibbles, the high plane by quads
+        low, high = body[..., :LOW_PLANE], _two_bit_values(body[..., LOW_PLANE:])  # high [..., 32, 16]
+        by_quad = high.reshape(*lead, 2, 4, 4, PANEL).movedim(-1, -3).transpose(-1, -2)  # [..., h, c, i, t]
+        chunks = (by_quad << (2 * torch.arange(4, dtype=torch.uint8))).sum(dim=-1, dtype=torch.uint8)
+        return torch.cat([_nibbles_to_dot(low), chunks.reshape(*lead, -1)], dim=-1)
+    return torch.cat([head, _nibbles_to_dot(body)], dim=-1)
+
+
+def _from_dot_layout(tiles: torch.Tensor, fmt: int) -> torch.Tensor:
+    """The inverse of to_dot_layout on block tiles: tiles of fmt + DOT (or + WIDE) -> tiles of fmt."""
+    head, body = tiles[..., : _header_bytes(fmt)], tiles[..., _header_bytes(fmt) :]
+    lead = tiles.shape[:-1]
+    if fmt == Q8:
+        quads = (body ^ 0x80).reshape(*lead, QUADS, PANEL, 4)
+        return torch.cat([head, quads.transpose(-1, -2).reshape(*lead, -1)], dim=-1)
+    if fmt == Q8S:
+        chunks = body[..., LOW_PLANE:].reshape(*lead, 2, PANEL, 4, 1)  # [..., h, c, i, 1]
+        by_quad = (chunks >> (2 * torch.arange(4, dtype=torch.uint8))) & 0x03  # [..., h, c, i, t]
+        high = by_quad.transpose(-1, -2).movedim(-3, -1).reshape(*lead, BLOCK, PANEL)
+        return torch.cat([_nibbles_from_dot(body[..., :LOW_PLANE]), _two_bit_rows(high)], dim=-1)
+    return torch.cat([head, _nibbles_from_dot(body)], dim=-1)
+
+
+def _nibbles_to_dot(body: torch.Tensor) -> torch.Tensor:
+    """Q4-style nibbles [..., 256] ([32 k][8 bytes]) in the dot layout (4 chunks x 16 columns x 4 bytes)."""
+    lead = body.shape[:-1]
     by = body.reshape(*lead, BLOCK, PANEL // 2)
     values = torch.cat([by & 0x0F, by >> 4], dim=-1)  # [..., 32, 16]
     quads = values.reshape(*lead, QUADS, 4, PANEL).transpose(-1, -2)  # [..., 8, 16, 4]
     nibbles = quads[..., : QUADS // 2, :, :] | (quads[..., QUADS // 2 :, :, :] << 4)  # [..., 4, 16, 4]
-    return torch.cat([head, nibbles.reshape(*lead, -1)], dim=-1)
+    return nibbles.reshape(*lead, -1)
 
 
-def _from_dot_layout(tiles: torch.Tensor, fmt: int) -> torch.Tensor:
-    """The inverse of to_dot_layout: tiles of fmt + DOT (or + WIDE) -> tiles of fmt."""
-    head, body = tiles[..., : _header_bytes(fmt)], tiles[..., _header_bytes(fmt) :]
-    lead = tiles.shape[:-1]
-    if fmt in (Q8, Q8S):
-        quads = (body ^ 0x80).reshape(*lead, QUADS, PANEL, 4)
-        return torch.cat([head, quads.transpose(-1, -2).reshape(*lead, -1)], dim=-1)
+def _nibbles_from_dot(body: torch.Tensor) -> torch.Tensor:
+    """The inverse of _nibbles_to_dot."""
+    lead = body.shape[:-1]
     chunks = body.reshape(*lead, QUADS // 2, PANEL, 4)
     quads = torch.cat([chunks & 0x0F, chunks >> 4], dim=-3)  # [..., 8, 16, 4]
     values = quads.transpose(-1, -2).reshape(*lead, BLOCK, PANEL)  # [..., 32, 16]
-    packed_nibbles = values[..., : PANEL // 2] | (values[..., PANEL // 2 :] << 4)
-    return torch.cat([head, packed_nibbles.reshape(*lead, -1)], dim=-1)
+    return (values[..., : PANEL // 2] | (values[..., PANEL // 2 :] << 4)).reshape(*lead, -1)
 
 
 def pack_quantized(weight: QuantizedWeight, activations: str = "float") -> tuple[int, torch.Tensor]:
@@ -241,31 +306,33 @@ def _tile_parts(packed: torch.Tensor, fmt: int) -> tuple[torch.Tensor, torch.Ten
     None, quants [..., nb, 32, 16], all float32."""
     dot, fmt = fmt >= DOT, fmt % DOT
     tiles, head = packed, None
-    if fmt == Q4S:
-        head, tiles = _split(packed)
+    if GROUP[fmt] > 1:
+        head, tiles = _split(packed, fmt)
     if dot:
         tiles = _from_dot_layout(tiles, fmt)
     lead = tiles.shape[:-1]
+    half = BLOCK // 2
+    if fmt == Q8S:
+        assert head is not None
+        halves = _q8s_scales(head)  # [..., nb, 2, 16]
+        scale = torch.cat(
+            [halves[..., :1, :].expand(*lead, half, PANEL), halves[..., 1:, :].expand(*lead, half, PANEL)], -2
+        )
+        low = tiles[..., :LOW_PLANE].reshape(*lead, BLOCK, PANEL // 2)
+        u = torch.cat([low & 0x0F, low >> 4], dim=-1) | (_two_bit_values(tiles[..., LOW_PLANE:]) << 4)
+        return scale, None, u.float() - 32.0
     if head is not None:
         d16, m16 = _q4s_scales(head, tiles[..., :PANEL])  # [..., nb, 16] each
         d, second = d16.unsqueeze(-2), m16.unsqueeze(-2)
         body = tiles[..., PANEL:]
-    elif fmt == Q8S:
-        wide = tiles[..., : 2 * WIDE_SCALE_BYTES].contiguous().view(torch.float32)  # [..., nb, 32]
-        d, second = wide[..., :PANEL].unsqueeze(-2), wide[..., PANEL:].unsqueeze(-2)
-        body = tiles[..., 2 * WIDE_SCALE_BYTES :]
     else:
         scale_bytes = 2 * SCALE_BYTES if fmt == Q4 else SCALE_BYTES  # Q4: d then m; Q8: d only
         halves = tiles[..., :scale_bytes].contiguous().view(torch.float16).float()  # [..., nb, 16 or 32]
         d, second = halves[..., :PANEL].unsqueeze(-2), halves[..., PANEL:].unsqueeze(-2)
         body = tiles[..., scale_bytes:]
-    if fmt in (Q8, Q8S):
+    if fmt == Q8:
         q = body.contiguous().view(torch.int8).reshape(*lead, BLOCK, PANEL).float()
-        half = BLOCK // 2
-        scale = d.expand(*lead, BLOCK, PANEL) if fmt == Q8 else torch.cat(
-            [d.expand(*lead, half, PANEL), second.expand(*lead, half, PANEL)], dim=-2
-        )  # fmt: skip
-        return scale, None, q
+        return d.expand(*lead, BLOCK, PANEL), None, q
     by = body.reshape(*lead, BLOCK, PANEL // 2)
     return d.expand(*lead, BLOCK, PANEL), second, torch.cat([by & 0x0F, by >> 4], dim=-1).float()
 

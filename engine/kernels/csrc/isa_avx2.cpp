@@ -37,11 +37,18 @@ inline __m256i quad_dot_q8(__m256i acc, __m256i w, __m256i x4) {
 // 8 columns' (half h of the panel) weight quad j of one tile's quants, as unsigned bytes
 template <int F>
 inline __m256i quad_of(const uint8_t* quants, int64_t j, int h) {
-  if constexpr (F == kQ8 || F == kQ8S) {
+  if constexpr (F == kQ8) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + j * kQuadRowBytes + h * 32));
   } else {
     const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + (j % 4) * kQuadRowBytes + h * 32));
-    return _mm256_and_si256(j < 4 ? raw : _mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
+    const __m256i low = _mm256_and_si256(j < 4 ? raw : _mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
+    if constexpr (F == kQ8S) {  // u = low | high << 4 (0..63; the sums are corrected by 32 * sum(qx))
+      const auto* at = reinterpret_cast<const __m256i*>(quants + kLowPlane + (j / 4) * kQuadRowBytes + h * 32);
+      const __m256i high = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256(at), static_cast<int>(2 * (j % 4))),
+                                            _mm256_set1_epi8(0x03));
+      return _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+    }
+    return low;
   }
 }
 
@@ -95,6 +102,13 @@ void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t m, f
             pairs[r][0] = _mm256_add_epi16(pairs[r][0], _mm256_maddubs_epi16(w0, x4));
             pairs[r][1] = _mm256_add_epi16(pairs[r][1], _mm256_maddubs_epi16(w1, x4));
           }
+        } else if constexpr (F == kQ8S) {  // u <= 63: a pair sum fits 16 bits, a block's would not
+          const __m256i ones = _mm256_set1_epi16(1);
+          for (int r = 0; r < R; ++r) {
+            const __m256i x4 = _mm256_set1_epi32(xw[r][j]);
+            is[r][0] = _mm256_add_epi32(is[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(w0, x4), ones));
+            is[r][1] = _mm256_add_epi32(is[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(w1, x4), ones));
+          }
         } else {
           for (int r = 0; r < R; ++r) {
             const __m256i x4 = _mm256_set1_epi32(xw[r][j]);
@@ -112,8 +126,10 @@ void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t m, f
         const int32_t xsum = passes == 2 ? s[pass] : s[0] + s[1];
         for (int h = 0; h < 2; ++h) {
           __m256i exact = is[r][h];
-          if constexpr (wide && (F == kQ8 || F == kQ8S))  // the weights were q + 128
+          if constexpr (wide && F == kQ8)  // the weights were q + 128
             exact = _mm256_sub_epi32(exact, _mm256_set1_epi32(128 * xsum));
+          if constexpr (F == kQ8S)  // the weights were q + 32
+            exact = _mm256_sub_epi32(exact, _mm256_set1_epi32(32 * xsum));
           const __m256 scale = _mm256_mul_ps(scales_of<F>(tile, pass, h), _mm256_set1_ps(dx));
           acc[r][h] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(exact), acc[r][h]);
           if constexpr (F == kQ4 || F == kQ4S)

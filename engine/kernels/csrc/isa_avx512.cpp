@@ -15,6 +15,7 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 
 #include "vec.h"
@@ -168,10 +169,19 @@ struct QTile16 {
   }
 
   __m512 at(int64_t kk) const {
-    if constexpr (F == kQ8 || F == kQ8S) {
+    if constexpr (F == kQ8) {
       const __m128i q8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(quants + kk * kPanel));
-      const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8));
-      return _mm512_mul_ps(q, F == kQ8 || kk < kQBlock / 2 ? d : m);
+      return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8)), d);
+    } else if constexpr (F == kQ8S) {  // u = low | high << 4 from the two planes, q = u - 32
+      const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(quants + kk * (kPanel / 2)));
+      const __m128i both = _mm_and_si128(_mm_unpacklo_epi64(bytes, _mm_srli_epi16(bytes, 4)), _mm_set1_epi8(0x0F));
+      int32_t word;
+      std::memcpy(&word, quants + kLowPlane + kk * 4, 4);
+      const __m512i shifts = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+      const __m512i high = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(word), shifts), _mm512_set1_epi32(3));
+      const __m512i u = _mm512_or_si512(_mm512_cvtepu8_epi32(both), _mm512_slli_epi32(high, 4));
+      const __m512 q = _mm512_cvtepi32_ps(_mm512_sub_epi32(u, _mm512_set1_epi32(32)));
+      return _mm512_mul_ps(q, kk < kQBlock / 2 ? d : m);
     } else {  // byte j: column j in its low nibble, column j + 8 in its high one
       const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(quants + kk * (kPanel / 2)));
       const __m128i both = _mm_and_si128(_mm_unpacklo_epi64(bytes, _mm_srli_epi16(bytes, 4)), _mm_set1_epi8(0x0F));

@@ -45,10 +45,20 @@ inline __m512 scales_of(const uint8_t* tile, int which) {
 // 16 columns' weight quad j of one tile's quants, as unsigned bytes
 template <int F>
 inline __m512i quad_of(const uint8_t* quants, int64_t j) {
-  if constexpr (F == kQ8 || F == kQ8S) return _mm512_loadu_si512(quants + j * kQuadRowBytes);
+  if constexpr (F == kQ8) return _mm512_loadu_si512(quants + j * kQuadRowBytes);
   const __m512i raw = _mm512_loadu_si512(quants + (j % 4) * kQuadRowBytes);
-  return _mm512_and_si512(j < 4 ? raw : _mm512_srli_epi16(raw, 4), _mm512_set1_epi8(0x0F));
+  const __m512i low = _mm512_and_si512(j < 4 ? raw : _mm512_srli_epi16(raw, 4), _mm512_set1_epi8(0x0F));
+  if constexpr (F == kQ8S) {  // u = low | high << 4 (0..63; the sums are corrected by 32 * sum(qx))
+    const __m512i plane = _mm512_loadu_si512(quants + kLowPlane + (j / 4) * kQuadRowBytes);
+    const __m512i high = _mm512_and_si512(_mm512_srli_epi16(plane, static_cast<unsigned>(2 * (j % 4))), _mm512_set1_epi8(0x03));
+    return _mm512_or_si512(low, _mm512_slli_epi16(high, 4));
+  }
+  return low;
 }
+
+// what the unsigned weight bytes add beyond the signed quants, per input: q + 128 (Q8), q + 32 (Q8S)
+template <int F>
+constexpr int32_t kWeightBias = F == kQ8 ? 128 : F == kQ8S ? 32 : 0;
 
 // R rows (from row m) x P panels over all of K, stored to y (columns from col); Q: int8 or int16 inputs
 template <int F, int R, int P, class Q>
@@ -110,7 +120,7 @@ void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t pane
         const __m512 cx = _mm512_set1_ps(dx * static_cast<float>(xsum));
         for (int p = 0; p < P; ++p) {
           __m512i exact = is[r][p];
-          if constexpr (F == kQ8 || F == kQ8S) exact = _mm512_sub_epi32(exact, _mm512_set1_epi32(128 * xsum));
+          if constexpr (kWeightBias<F> != 0) exact = _mm512_sub_epi32(exact, _mm512_set1_epi32(kWeightBias<F> * xsum));
           acc[r][p] = _mm512_fmadd_ps(_mm512_mul_ps(d[p], dxv), _mm512_cvtepi32_ps(exact), acc[r][p]);
           if constexpr (F == kQ4 || F == kQ4S) acc[r][p] = _mm512_fmadd_ps(mins[p], cx, acc[r][p]);
         }

@@ -17,9 +17,11 @@
 //
 // The "dot" layouts are the quantized.h tiles with the quants regrouped for 4-byte dot products
 // (scales unchanged, same bytes): k in quads of 4, quad j of column c at byte (j * 16 + c) * 4.
-//   Q8D, Q8SD  8 quads x 16 columns x 4 bytes, each byte q ^ 0x80 (q + 128 as an unsigned byte)
+//   Q8D        8 quads x 16 columns x 4 bytes, each byte q ^ 0x80 (q + 128 as an unsigned byte)
 //   Q4D, Q4SD  4 chunks x 16 columns x 4 bytes: quad j in the low nibbles of chunk j, quad j + 4 in
 //              the high nibbles (0..15, unsigned)
+//   Q8SD       the 6-bit u = q + 32: its low 4 bits as Q4D (256 bytes), then its high 2 bits in 2 chunks
+//              x 16 columns x 4 bytes, quad 4h + t at bits 2t of chunk h; the sums are corrected by 32 * sum(qx)
 // Format f + 4 multiplies int8 activations, f + 8 (the same bytes) int16 ones. Int16 activations are
 // stored with each quad's middle two swapped (x0 x2 x1 x3): a weight quad's even bytes (k0, k2) and
 // odd bytes (k1, k3), widened to 16 bits where they lie, then meet their inputs pair by pair.
@@ -48,9 +50,14 @@ constexpr int base_format(int64_t format) { return static_cast<int>(format % kDo
 template <int F>
 inline int32_t dot_quant(const uint8_t* quants, int64_t k, int64_t c) {
   const int64_t j = k / 4, i = k % 4;  // quad j, its input i
-  if constexpr (F == kQ8 || F == kQ8S) return static_cast<int8_t>(quants[(j * kPanel + c) * 4 + i] ^ 0x80);
+  if constexpr (F == kQ8) return static_cast<int8_t>(quants[(j * kPanel + c) * 4 + i] ^ 0x80);
   const uint8_t byte = quants[((j % 4) * kPanel + c) * 4 + i];
-  return j < 4 ? byte & 0x0F : byte >> 4;
+  const int32_t low = j < 4 ? byte & 0x0F : byte >> 4;
+  if constexpr (F == kQ8S) {
+    const int32_t high = (quants[kLowPlane + ((j / 4) * kPanel + c) * 4 + i] >> (2 * (j % 4))) & 0x03;
+    return (low | (high << 4)) - 32;
+  }
+  return low;
 }
 
 // A step's rows quantized (see the top of this file): q [M, K] int8 or int16, d [M, K / 32], s [M, K / 16].

@@ -13,13 +13,16 @@
 //        6-bit sub-scales' and sub-mins' high 2 bits (column c: nibble sc_hi | mn_hi << 2, columns c
 //        and c + 8 in byte c's low and high nibble), then the 8 block tiles: lo[16] (column c: byte
 //        sc_lo | mn_lo << 4), then q[32][8] bytes as Q4.  d = D * sc, m = -(Dmin * mn), w = fma(q, d, m)
-//   Q8S  d[16] float32 (k 0..15), e[16] float32 (k 16..31), then q[32][16] int8:  w = q * (d or e)
+//   Q8S  Q6_K at the file's size: per super-block of 256 k one super-tile (3360 bytes, 16 x 210): D[16]
+//        float16, then sc[16][16] int8 (sub-block of 16 k, column), then the 8 block tiles: the 6-bit
+//        quants u = q + 32 as a low plane, u & 15 in q[32][8] bytes as Q4 (256), and a high plane, u >> 4
+//        in 2 bits (128: row k's 4 bytes hold column c at bits 2c).  w = (u - 32) * D * sc
 // GGUF's Q8_0 is Q8; Q4_1 is Q4 with its own min m; Q4_0 is Q4 with m = -8 d. Every product q * d is
 // exact in float32 (an 11-bit f16 scale times at most 8 bits), so fma(q, d, m) is gguf's d * q + m.
 // Q4_K is Q4S: its sub-block scale d = D * sc and min m = -(Dmin * mn) are exact float32 products (11
 // bits times 6), formed per block in registers (block_head), and q * d is exact (21 bits), so fma(q, d, m)
-// is gguf's d * q - dm. Q6_K is Q8S: a scale per 16 k, d_super * sc exact (11 bits times 8), q * d exact
-// (at most 24 bits).
+// is gguf's d * q - dm. Q6_K is Q8S: a scale per 16 k, D * sc exact (11 bits times 8) and formed per block
+// in registers too, q * d exact (at most 24 bits).
 #pragma once
 
 #include <algorithm>
@@ -38,6 +41,8 @@ constexpr int64_t kWideScaleBytes = kPanel * 4;  // 16 float32 scales (or mins)
 
 constexpr int64_t kSuperBlocks = 8;  // Q4S: blocks per super-block (GGUF's QK_K = 256 k)
 constexpr int64_t kQ4SHead = 2 * kScaleBytes + kSuperBlocks * kPanel / 2;  // a Q4S super-tile's header
+constexpr int64_t kQ8SHead = kScaleBytes + 2 * kSuperBlocks * kPanel;  // a Q8S super-tile's header
+constexpr int64_t kLowPlane = kQBlock * kPanel / 2;  // Q8S: a block tile's low plane, before its high one
 
 // Bytes of one block's tile (Q4S: after its super-tile's header). Format + 4, the same tile in qdot.h's
 // dot layout, has the same size.
@@ -46,18 +51,19 @@ constexpr int64_t tile_bytes(int64_t format) {
   return f == kQ8    ? kScaleBytes + kQBlock * kPanel
          : f == kQ4  ? 2 * kScaleBytes + kQBlock * kPanel / 2
          : f == kQ4S ? kPanel + kQBlock * kPanel / 2
-                     : 2 * kWideScaleBytes + kQBlock * kPanel;
+                     : kLowPlane + kQBlock * kPanel / 4;
 }
 // Bytes of a tile's own header, before its quants (Q4S: the low bits of its sub-scales and sub-mins)
 constexpr int64_t scale_bytes(int64_t format) {
   const int64_t f = format % 4;
-  return f == kQ8 ? kScaleBytes : f == kQ4 ? 2 * kScaleBytes : f == kQ4S ? kPanel : 2 * kWideScaleBytes;
+  return f == kQ8 ? kScaleBytes : f == kQ4 ? 2 * kScaleBytes : f == kQ4S ? kPanel : 0;
 }
-// Blocks per entry of a packed weight's last dimension, and that entry's bytes (a super-tile for Q4S)
-constexpr int64_t group_blocks(int64_t format) { return format % 4 == kQ4S ? kSuperBlocks : 1; }
-constexpr int64_t group_bytes(int64_t format) {
-  return (format % 4 == kQ4S ? kQ4SHead : 0) + group_blocks(format) * tile_bytes(format);
+// Blocks per entry of a packed weight's last dimension, and that entry's bytes (a super-tile for the K types)
+constexpr int64_t group_blocks(int64_t format) { return format % 4 >= kQ4S ? kSuperBlocks : 1; }
+constexpr int64_t group_head(int64_t format) {
+  return format % 4 == kQ4S ? kQ4SHead : format % 4 == kQ8S ? kQ8SHead : 0;
 }
+constexpr int64_t group_bytes(int64_t format) { return group_head(format) + group_blocks(format) * tile_bytes(format); }
 // Bytes of one panel of a [N, K] weight
 constexpr int64_t panel_bytes_of(int64_t format, int64_t K) {
   return K / (kQBlock * group_blocks(format)) * group_bytes(format);
@@ -66,8 +72,8 @@ constexpr int64_t panel_bytes_of(int64_t format, int64_t K) {
 // Block b's tile within a panel
 template <int F>
 inline const uint8_t* tile_at(const uint8_t* panel, int64_t b) {
-  if constexpr (F % 4 == kQ4S)
-    return panel + (b / kSuperBlocks) * group_bytes(F) + kQ4SHead + (b % kSuperBlocks) * tile_bytes(F);
+  if constexpr (group_blocks(F) > 1)
+    return panel + (b / kSuperBlocks) * group_bytes(F) + group_head(F) + (b % kSuperBlocks) * tile_bytes(F);
   return panel + b * tile_bytes(F);
 }
 
@@ -93,16 +99,36 @@ inline void q4s_block_scales(const uint8_t* panel, int64_t b, float* out) {
   }
 }
 
-// Where block b's scale header is read from: its tile's own header, except for Q4S, whose scales and
-// mins are formed into ``buf`` (2 * kPanel floats) as float32 d[16] then m[16]: the same header the
-// readers below take for every scale held as float32.
+// Q8S block b's two scales per column (k 0..15, k 16..31), D * sc, as float32 d[16] then e[16] into out
+inline void q8s_block_scales(const uint8_t* panel, int64_t b, float* out) {
+  const uint8_t* super = panel + (b / kSuperBlocks) * group_bytes(kQ8S);
+  const uint16_t* d = reinterpret_cast<const uint16_t*>(super);
+  const int8_t* sc = reinterpret_cast<const int8_t*>(super + kScaleBytes) + (b % kSuperBlocks) * 2 * kPanel;
+  for (int64_t c = 0; c < kPanel; ++c) {
+    const float dc = f16_to_float(d[c]);
+    out[c] = dc * static_cast<float>(sc[c]);
+    out[kPanel + c] = dc * static_cast<float>(sc[kPanel + c]);
+  }
+}
+
+// Where block b's scale header is read from: its tile's own header, except for the K types, whose
+// scales are formed into ``buf`` (2 * kPanel floats) as float32 d[16] then m[16] (Q4S: the mins; Q8S:
+// the second half block's scales): the same header the readers below take for every float32 scale.
 template <int F>
 inline const uint8_t* block_head(const uint8_t* panel, int64_t b, float* buf) {
   if constexpr (F % 4 == kQ4S) {
     q4s_block_scales(panel, b, buf);
     return reinterpret_cast<const uint8_t*>(buf);
+  } else if constexpr (F % 4 == kQ8S) {
+    q8s_block_scales(panel, b, buf);
+    return reinterpret_cast<const uint8_t*>(buf);
   }
   return tile_at<F>(panel, b);
+}
+
+// Q8S: the high 2 bits of column c's quant at k (0..31) of a block tile's quants, as plain tiles hold them
+inline int32_t q8s_high(const uint8_t* quants, int64_t k, int64_t c) {
+  return (quants[kLowPlane + k * 4 + c / 4] >> (2 * (c % 4))) & 0x03;
 }
 
 // One field of a block's scale header (block_head) for column c: which = 0 its scale d, which = 1 its
@@ -119,9 +145,11 @@ inline float tile_field(const uint8_t* tile, int which, int64_t c) {
 // The quant of column c at k (0..31) of a tile's quants, in this file's layout.
 template <int F>
 inline int32_t tile_quant(const uint8_t* quants, int64_t k, int64_t c) {
-  if constexpr (F == kQ8 || F == kQ8S) return reinterpret_cast<const int8_t*>(quants)[k * kPanel + c];
+  if constexpr (F == kQ8) return reinterpret_cast<const int8_t*>(quants)[k * kPanel + c];
   const uint8_t byte = quants[k * (kPanel / 2) + c % 8];
-  return c < 8 ? byte & 0x0F : byte >> 4;
+  const int32_t low = c < 8 ? byte & 0x0F : byte >> 4;
+  if constexpr (F == kQ8S) return (low | (q8s_high(quants, k, c) << 4)) - 32;
+  return low;
 }
 
 // One block's scales in registers; ``at(kk)`` gives row kk's 16 weights as two vectors.
@@ -159,7 +187,8 @@ struct QTile {
       w0 = O::mul(O::load_i8(q), d0);
       w1 = O::mul(O::load_i8(q + kLanes), d1);
     } else if constexpr (F == kQ8S) {
-      const int8_t* q = reinterpret_cast<const int8_t*>(quants) + kk * kPanel;
+      int8_t q[kPanel];  // the row's quants u - 32, from its two planes
+      for (int64_t c = 0; c < kPanel; ++c) q[c] = static_cast<int8_t>(tile_quant<F>(quants, kk, c));
       w0 = O::mul(O::load_i8(q), kk < kQBlock / 2 ? d0 : m0);
       w1 = O::mul(O::load_i8(q + kLanes), kk < kQBlock / 2 ? d1 : m1);
     } else {

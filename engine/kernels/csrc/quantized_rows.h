@@ -1,7 +1,7 @@
 // Rows of a packed quantized weight as float32: an embedding lookup in a table held quantized (a tied
 // head's, or a quantized token table), read in place from the tiles of quantized.h and qdot.h instead of
 // dequantizing a whole panel per token. Every value is the one unpack_quantized gives: q * d (exact) for
-// the Q8 formats, q * d + m (q * d exact, one rounding) for the Q4 ones, in any layout.
+// Q8 and Q8S, q * d + m (q * d exact, one rounding) for the 4-bit ones, in any layout.
 #pragma once
 
 #include <cstdint>
