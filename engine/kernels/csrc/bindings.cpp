@@ -67,7 +67,7 @@ torch::Tensor qlinear(const std::string& isa, const torch::Tensor& x, const torc
   check_cpu(x, "x");
   check_cpu(packed, "packed weight");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x must be [M, K] float32");
-  TORCH_CHECK(format >= nxk::kQ8 && format <= nxk::kQ8SW, "unknown quantized format ", format);
+  TORCH_CHECK(format >= 0 && format < nxk::kFormats, "unknown quantized format ", format);
   check_packed(packed, format);
   const int64_t m = x.size(0), k = x.size(1), panels = packed.size(0);
   const int64_t weight_k = packed.size(1) * nxk::kQBlock * nxk::group_blocks(format);
@@ -84,7 +84,7 @@ torch::Tensor qlinear(const std::string& isa, const torch::Tensor& x, const torc
 torch::Tensor quantized_rows(const std::string&, const torch::Tensor& packed, int64_t format, const torch::Tensor& ids) {
   check_cpu(packed, "packed weight");
   check_cpu(ids, "ids");
-  TORCH_CHECK(format >= nxk::kQ8 && format <= nxk::kQ8SW, "unknown quantized format ", format);
+  TORCH_CHECK(format >= 0 && format < nxk::kFormats, "unknown quantized format ", format);
   check_packed(packed, format);
   TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == torch::kLong, "ids must be [T] long");
   const int64_t k = packed.size(1) * nxk::kQBlock * nxk::group_blocks(format);

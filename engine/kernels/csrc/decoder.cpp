@@ -104,7 +104,7 @@ HeldLinear DecoderStack::held(const torch::Tensor& data, int64_t format, int64_t
               "3-d CPU tensor");
   TORCH_CHECK(data.size(0) == (n + kPanel - 1) / kPanel, "a held linear does not hold N=", n);
   if (format >= 0) {
-    TORCH_CHECK(format >= kQ8 && format <= kQ8SW, "unknown quantized format ", format);
+    TORCH_CHECK(format < kFormats, "unknown quantized format ", format);
     const int64_t group = group_blocks(format);
     TORCH_CHECK(data.scalar_type() == torch::kUInt8 && data.size(1) * kQBlock * group == k &&
                     data.size(2) == group_bytes(format),

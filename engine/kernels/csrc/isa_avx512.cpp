@@ -284,10 +284,10 @@ KernelTable avx512_table() {
   t.name = "avx512";
   t.linear_f32 = &linear_panels_avx512<float>;
   t.linear_bf16 = &linear_panels_avx512<uint16_t>;
-  t.qlinear_q8 = &qlinear_panels_avx512<kQ8>;
-  t.qlinear_q4 = &qlinear_panels_avx512<kQ4>;
-  t.qlinear_q4s = &qlinear_panels_avx512<kQ4S>;
-  t.qlinear_q8s = &qlinear_panels_avx512<kQ8S>;
+  for_each_base_format([&t](auto format) {
+    constexpr int F = decltype(format)::value;
+    t.qlinear[F] = &qlinear_panels_avx512<F>;
+  });
   use_avx512_attention(t);
   use_avx512_quantizers(t);
   __builtin_cpu_init();

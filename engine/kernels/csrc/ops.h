@@ -73,14 +73,14 @@ void run_qdot(const KernelTable& t, const float* x, int64_t m, int64_t k, const 
   const int base = base_format(format);
   const int64_t panels = (n + kPanel - 1) / kPanel;
   const int64_t grain = std::max<int64_t>(2, 16 / std::max<int64_t>(1, m));
-  if constexpr (sizeof(Q) == 1) {
-    const auto dot = base == kQ8 ? t.qdot_q8 : base == kQ4 ? t.qdot_q4 : base == kQ4S ? t.qdot_q4s : t.qdot_q8s;
-    at::parallel_for(0, panels, grain, [&](int64_t b, int64_t e) { dot(acts, m, k, packed, n, y, b, e); });
-  } else {
-    const auto dot =
-        base == kQ8 ? t.qdot16_q8 : base == kQ4 ? t.qdot16_q4 : base == kQ4S ? t.qdot16_q4s : t.qdot16_q8s;
-    at::parallel_for(0, panels, grain, [&](int64_t b, int64_t e) { dot(acts, m, k, packed, n, y, b, e); });
-  }
+  const auto dot = [&t, base]() {
+    if constexpr (sizeof(Q) == 1) {
+      return t.qdot[base];
+    } else {
+      return t.qdot16[base];
+    }
+  }();
+  at::parallel_for(0, panels, grain, [&](int64_t b, int64_t e) { dot(acts, m, k, packed, n, y, b, e); });
 }
 
 // y [M, N] float32 = x [M, K] float32 @ W^T over a packed quantized weight in ``format`` (quantized.h,
@@ -97,7 +97,7 @@ inline void run_qlinear(const KernelTable& t, const float* x, int64_t m, int64_t
     run_qdot<int8_t>(t, x, m, k, packed, format, n, y);
     return;
   }
-  const auto fn = format == kQ8 ? t.qlinear_q8 : format == kQ4 ? t.qlinear_q4 : format == kQ4S ? t.qlinear_q4s : t.qlinear_q8s;
+  const auto fn = t.qlinear[format];
   const int64_t grain = std::max<int64_t>(2, 16 / std::max<int64_t>(1, m));  // even: panel pairs stay whole
   at::parallel_for(0, panels, grain, [&](int64_t b, int64_t e) { fn(x, m, k, packed, n, y, b, e); });
 }

@@ -36,14 +36,15 @@
 
 namespace nxk {
 
-constexpr int kDotFormats = 4;  // format f + kDotFormats is format f in the dot layout
+constexpr int kDotFormats = kBaseFormats;  // format f + kDotFormats is format f in the dot layout
 enum QDotFormat : int { kQ8D = kQ8 + kDotFormats, kQ4D, kQ4SD, kQ8SD };
 enum QWideFormat : int { kQ8W = kQ8 + 2 * kDotFormats, kQ4W, kQ4SW, kQ8SW };  // the dot layout, int16 inputs
+constexpr int kFormats = 3 * kBaseFormats;  // every format value: base, dot layout (int8, int16 inputs)
 constexpr int64_t kQuads = kQBlock / 4;                 // 4-byte groups of k per block
 constexpr int64_t kQuadRowBytes = kPanel * 4;          // one quad of 16 columns (64 bytes)
 
-constexpr bool is_dot_format(int64_t format) { return format >= kQ8D && format <= kQ8SW; }
-constexpr bool is_wide_format(int64_t format) { return format >= kQ8W && format <= kQ8SW; }
+constexpr bool is_dot_format(int64_t format) { return format >= kDotFormats && format < kFormats; }
+constexpr bool is_wide_format(int64_t format) { return format >= 2 * kDotFormats && format < kFormats; }
 constexpr int base_format(int64_t format) { return static_cast<int>(format % kDotFormats); }
 
 // The quant of column c at k (0..31) of a tile's quants in the dot layout of base format F.

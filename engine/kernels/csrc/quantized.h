@@ -34,7 +34,9 @@
 namespace nxk {
 
 constexpr int64_t kQBlock = 32;  // k per quantization block (GGUF's QK8_0, QK4_0, QK4_1)
-enum QFormat : int { kQ8 = 0, kQ4 = 1, kQ4S = 2, kQ8S = 3 };
+// The base formats, one per weight type; the kernel tables (table.h) hold one entry per base format and
+// route, filled by a loop over them: a new weight type is a new value here (before kBaseFormats).
+enum QFormat : int { kQ8 = 0, kQ4 = 1, kQ4S = 2, kQ8S = 3, kBaseFormats };
 
 constexpr int64_t kScaleBytes = kPanel * 2;  // 16 float16 scales (or mins)
 constexpr int64_t kWideScaleBytes = kPanel * 4;  // 16 float32 scales (or mins)
@@ -44,10 +46,10 @@ constexpr int64_t kQ4SHead = 2 * kScaleBytes + kSuperBlocks * kPanel / 2;  // a 
 constexpr int64_t kQ8SHead = kScaleBytes + 2 * kSuperBlocks * kPanel;  // a Q8S super-tile's header
 constexpr int64_t kLowPlane = kQBlock * kPanel / 2;  // Q8S: a block tile's low plane, before its high one
 
-// Bytes of one block's tile (Q4S: after its super-tile's header). Format + 4, the same tile in qdot.h's
+// Bytes of one block's tile (Q4S: after its super-tile's header). Format + kBaseFormats, the same tile in qdot.h's
 // dot layout, has the same size.
 constexpr int64_t tile_bytes(int64_t format) {
-  const int64_t f = format % 4;
+  const int64_t f = format % kBaseFormats;
   return f == kQ8    ? kScaleBytes + kQBlock * kPanel
          : f == kQ4  ? 2 * kScaleBytes + kQBlock * kPanel / 2
          : f == kQ4S ? kPanel + kQBlock * kPanel / 2
@@ -55,13 +57,13 @@ constexpr int64_t tile_bytes(int64_t format) {
 }
 // Bytes of a tile's own header, before its quants (Q4S: the low bits of its sub-scales and sub-mins)
 constexpr int64_t scale_bytes(int64_t format) {
-  const int64_t f = format % 4;
+  const int64_t f = format % kBaseFormats;
   return f == kQ8 ? kScaleBytes : f == kQ4 ? 2 * kScaleBytes : f == kQ4S ? kPanel : 0;
 }
 // Blocks per entry of a packed weight's last dimension, and that entry's bytes (a super-tile for the K types)
-constexpr int64_t group_blocks(int64_t format) { return format % 4 >= kQ4S ? kSuperBlocks : 1; }
+constexpr int64_t group_blocks(int64_t format) { return format % kBaseFormats >= kQ4S ? kSuperBlocks : 1; }
 constexpr int64_t group_head(int64_t format) {
-  return format % 4 == kQ4S ? kQ4SHead : format % 4 == kQ8S ? kQ8SHead : 0;
+  return format % kBaseFormats == kQ4S ? kQ4SHead : format % kBaseFormats == kQ8S ? kQ8SHead : 0;
 }
 constexpr int64_t group_bytes(int64_t format) { return group_head(format) + group_blocks(format) * tile_bytes(format); }
 // Bytes of one panel of a [N, K] weight
@@ -116,10 +118,10 @@ inline void q8s_block_scales(const uint8_t* panel, int64_t b, float* out) {
 // the second half block's scales): the same header the readers below take for every float32 scale.
 template <int F>
 inline const uint8_t* block_head(const uint8_t* panel, int64_t b, float* buf) {
-  if constexpr (F % 4 == kQ4S) {
+  if constexpr (F % kBaseFormats == kQ4S) {
     q4s_block_scales(panel, b, buf);
     return reinterpret_cast<const uint8_t*>(buf);
-  } else if constexpr (F % 4 == kQ8S) {
+  } else if constexpr (F % kBaseFormats == kQ8S) {
     q8s_block_scales(panel, b, buf);
     return reinterpret_cast<const uint8_t*>(buf);
   }

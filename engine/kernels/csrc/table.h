@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 #include "kernels.h"
 #include "qdot.h"
@@ -24,15 +26,14 @@ struct KernelTable {
   void (*row_stats)(const float*, int64_t, int64_t*, float*, float*, int64_t, int64_t);
   void (*silu_mul_f32)(const float*, int64_t, bool, float*, int64_t, int64_t);
   void (*silu_mul_bf16)(const uint16_t*, int64_t, bool, float*, int64_t, int64_t);
-  void (*qlinear_q8)(const float*, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
-  void (*qlinear_q4)(const float*, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
-  void (*qlinear_q4s)(const float*, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
-  void (*qlinear_q8s)(const float*, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
-  // int8 and int16 activations over the dot layouts (qdot.h), one entry per base format
+  // The quantized linears, one entry per base format (quantized.h) and route: float activations over the
+  // quantized.h layout; int8 and int16 activations over its dot layout (qdot.h)
+  using QLinear = void (*)(const float*, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
   using QDot = void (*)(const QActs&, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
   using QDot16 = void (*)(const QActs16&, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
-  QDot qdot_q8, qdot_q4, qdot_q4s, qdot_q8s;
-  QDot16 qdot16_q8, qdot16_q4, qdot16_q4s, qdot16_q8s;
+  QLinear qlinear[kBaseFormats];
+  QDot qdot[kBaseFormats];
+  QDot16 qdot16[kBaseFormats];
   // a step's rows quantized for those (qdot.h quantize_rows: the same results in every table)
   void (*quantize_i8)(const float*, int64_t, int8_t*, float*, int32_t*, int64_t, int64_t);
   void (*quantize_i16)(const float*, int64_t, int16_t*, float*, int32_t*, int64_t, int64_t);
@@ -41,53 +42,61 @@ struct KernelTable {
   void (*rope_rows_f16)(const RopeRows<Half>&, int64_t, int64_t);
 };
 
+// fn(std::integral_constant<int, F>{}) for every base format F (quantized.h), in order: the loop that
+// fills a table's per-format entries
+template <class Fn, int... F>
+void for_each_base_format(Fn&& fn, std::integer_sequence<int, F...>) {
+  (fn(std::integral_constant<int, F>{}), ...);
+}
+template <class Fn>
+void for_each_base_format(Fn&& fn) {
+  for_each_base_format(fn, std::make_integer_sequence<int, kBaseFormats>{});
+}
+
+// The integer-activation entries (every base format, int8 and int16 inputs) from one family of dot
+// kernels: D::run<F, A> is a qdot_panels-shaped function for base format F and input type A.
+template <class D>
+void set_dot_entries(KernelTable& t) {
+  for_each_base_format([&t](auto format) {
+    constexpr int F = decltype(format)::value;
+    t.qdot[F] = D::template run<F, int8_t>;
+    t.qdot16[F] = D::template run<F, int16_t>;
+  });
+}
+
+// The portable dot kernels (qdot.h's qdot_panels), instantiated over vector struct O.
+template <class O>
+struct PortableDots {
+  template <int F, class A>
+  static constexpr auto run = &qdot_panels<O, F, A>;
+};
+
 // The table instantiated over vector struct O.
 template <class O>
 KernelTable make_table(const char* name) {
-  return KernelTable{
-      name,
-      &linear_panels<O, float>,
-      &linear_panels<O, uint16_t>,
-      &attention_items<O, float>,
-      &attention_items<O, uint16_t>,
-      &attention_items<O, float, Half>,
-      &rms_norm_rows<O, float>,
-      &rms_norm_rows<O, uint16_t>,
-      &softmax_rows<O>,
-      &row_stats_rows<O>,
-      &silu_mul_rows<O, float>,
-      &silu_mul_rows<O, uint16_t>,
-      &qlinear_panels<O, kQ8>,
-      &qlinear_panels<O, kQ4>,
-      &qlinear_panels<O, kQ4S>,
-      &qlinear_panels<O, kQ8S>,
-      &qdot_panels<O, kQ8, int8_t>,
-      &qdot_panels<O, kQ4, int8_t>,
-      &qdot_panels<O, kQ4S, int8_t>,
-      &qdot_panels<O, kQ8S, int8_t>,
-      &qdot_panels<O, kQ8, int16_t>,
-      &qdot_panels<O, kQ4, int16_t>,
-      &qdot_panels<O, kQ4S, int16_t>,
-      &qdot_panels<O, kQ8S, int16_t>,
-      &quantize_rows<int8_t>,
-      &quantize_rows<int16_t>,
-      &rope_rows<O, float>,
-      &rope_rows<O, Half>,
-  };
-}
-
-// The eight integer-activation entries (the four base formats, int8 and int16 inputs) from one family of
-// dot kernels: D::run<F, A> is a qdot_panels-shaped function for base format F and input type A.
-template <class D>
-void set_dot_entries(KernelTable& t) {
-  t.qdot_q8 = D::template run<kQ8, int8_t>;
-  t.qdot_q4 = D::template run<kQ4, int8_t>;
-  t.qdot_q4s = D::template run<kQ4S, int8_t>;
-  t.qdot_q8s = D::template run<kQ8S, int8_t>;
-  t.qdot16_q8 = D::template run<kQ8, int16_t>;
-  t.qdot16_q4 = D::template run<kQ4, int16_t>;
-  t.qdot16_q4s = D::template run<kQ4S, int16_t>;
-  t.qdot16_q8s = D::template run<kQ8S, int16_t>;
+  KernelTable t{};
+  t.name = name;
+  t.linear_f32 = &linear_panels<O, float>;
+  t.linear_bf16 = &linear_panels<O, uint16_t>;
+  t.attention_f32 = &attention_items<O, float>;
+  t.attention_bf16 = &attention_items<O, uint16_t>;
+  t.attention_f32_f16 = &attention_items<O, float, Half>;
+  t.rms_norm_f32 = &rms_norm_rows<O, float>;
+  t.rms_norm_bf16 = &rms_norm_rows<O, uint16_t>;
+  t.softmax = &softmax_rows<O>;
+  t.row_stats = &row_stats_rows<O>;
+  t.silu_mul_f32 = &silu_mul_rows<O, float>;
+  t.silu_mul_bf16 = &silu_mul_rows<O, uint16_t>;
+  for_each_base_format([&t](auto format) {
+    constexpr int F = decltype(format)::value;
+    t.qlinear[F] = &qlinear_panels<O, F>;
+  });
+  set_dot_entries<PortableDots<O>>(t);
+  t.quantize_i8 = &quantize_rows<int8_t>;
+  t.quantize_i16 = &quantize_rows<int16_t>;
+  t.rope_rows_f32 = &rope_rows<O, float>;
+  t.rope_rows_f16 = &rope_rows<O, Half>;
+  return t;
 }
 
 KernelTable generic_table();
