@@ -24,6 +24,7 @@
 #include <immintrin.h>
 
 #include "table.h"
+#include "scales_avx512.h"
 
 namespace nxk {
 namespace {
@@ -155,7 +156,7 @@ struct QTile16 {
   QTile16() = default;
   QTile16(const uint8_t* panel, int64_t b) : quants(block_quants<F>(panel, b)) {
     alignas(64) float buf[2 * kPanel];
-    const uint8_t* head = block_head<F>(panel, b, buf);
+    const uint8_t* head = block_head16<F>(panel, b, buf);
     if constexpr (F == kQ4S || F == kQ8S) {
       d = _mm512_loadu_ps(reinterpret_cast<const float*>(head));
       m = _mm512_loadu_ps(reinterpret_cast<const float*>(head + kWideScaleBytes));

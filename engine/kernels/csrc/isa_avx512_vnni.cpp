@@ -15,6 +15,7 @@
 #include <immintrin.h>
 
 #include "table.h"
+#include "scales_avx512.h"
 
 namespace nxk {
 namespace {
@@ -77,7 +78,7 @@ void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t pane
     for (int p = 0; p < P; ++p) {
       const uint8_t* at = tile_at<F>(panel + p * panel_bytes, b);
       for (int64_t line = 0; line < TB; line += 64) __builtin_prefetch(at + 4 * TB + line);
-      tile[p] = block_head<F>(panel + p * panel_bytes, b, buf[p]);
+      tile[p] = block_head16<F>(panel + p * panel_bytes, b, buf[p]);
       quants[p] = block_quants<F>(panel + p * panel_bytes, b);
     }
     const int32_t* xw[R];  // the row's inputs by 4 bytes: one quad (int8) or half a quad (int16)

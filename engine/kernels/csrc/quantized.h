@@ -71,9 +71,12 @@ constexpr int64_t panel_bytes_of(int64_t format, int64_t K) {
   return K / (kQBlock * group_blocks(format)) * group_bytes(format);
 }
 
+// (The helpers below that are not templated on a vector struct are static: each instruction set's file
+// compiles its own copy for its own target, and none can be linked into another's path.)
+
 // Block b's tile within a panel
 template <int F>
-inline const uint8_t* tile_at(const uint8_t* panel, int64_t b) {
+static inline const uint8_t* tile_at(const uint8_t* panel, int64_t b) {
   if constexpr (group_blocks(F) > 1)
     return panel + (b / kSuperBlocks) * group_bytes(F) + group_head(F) + (b % kSuperBlocks) * tile_bytes(F);
   return panel + b * tile_bytes(F);
@@ -81,13 +84,13 @@ inline const uint8_t* tile_at(const uint8_t* panel, int64_t b) {
 
 // Block b's quants within a panel
 template <int F>
-inline const uint8_t* block_quants(const uint8_t* panel, int64_t b) {
+static inline const uint8_t* block_quants(const uint8_t* panel, int64_t b) {
   return tile_at<F>(panel, b) + scale_bytes(F);
 }
 
 // Q4S block b's scales and mins per column, as float32 d[16] then m[16] into out: d = D * sc and
 // m = -(Dmin * mn), exact products whichever instruction forms them
-inline void q4s_block_scales(const uint8_t* panel, int64_t b, float* out) {
+static inline void q4s_block_scales(const uint8_t* panel, int64_t b, float* out) {
   const uint8_t* super = panel + (b / kSuperBlocks) * group_bytes(kQ4S);
   const int64_t j = b % kSuperBlocks;
   const uint16_t* d = reinterpret_cast<const uint16_t*>(super);
@@ -102,7 +105,7 @@ inline void q4s_block_scales(const uint8_t* panel, int64_t b, float* out) {
 }
 
 // Q8S block b's two scales per column (k 0..15, k 16..31), D * sc, as float32 d[16] then e[16] into out
-inline void q8s_block_scales(const uint8_t* panel, int64_t b, float* out) {
+static inline void q8s_block_scales(const uint8_t* panel, int64_t b, float* out) {
   const uint8_t* super = panel + (b / kSuperBlocks) * group_bytes(kQ8S);
   const uint16_t* d = reinterpret_cast<const uint16_t*>(super);
   const int8_t* sc = reinterpret_cast<const int8_t*>(super + kScaleBytes) + (b % kSuperBlocks) * 2 * kPanel;
@@ -117,7 +120,7 @@ inline void q8s_block_scales(const uint8_t* panel, int64_t b, float* out) {
 // scales are formed into ``buf`` (2 * kPanel floats) as float32 d[16] then m[16] (Q4S: the mins; Q8S:
 // the second half block's scales): the same header the readers below take for every float32 scale.
 template <int F>
-inline const uint8_t* block_head(const uint8_t* panel, int64_t b, float* buf) {
+static inline const uint8_t* block_head(const uint8_t* panel, int64_t b, float* buf) {
   if constexpr (F % kBaseFormats == kQ4S) {
     q4s_block_scales(panel, b, buf);
     return reinterpret_cast<const uint8_t*>(buf);
@@ -129,7 +132,7 @@ inline const uint8_t* block_head(const uint8_t* panel, int64_t b, float* buf) {
 }
 
 // Q8S: the high 2 bits of column c's quant at k (0..31) of a block tile's quants, as plain tiles hold them
-inline int32_t q8s_high(const uint8_t* quants, int64_t k, int64_t c) {
+static inline int32_t q8s_high(const uint8_t* quants, int64_t k, int64_t c) {
   return (quants[kLowPlane + k * 4 + c / 4] >> (2 * (c % 4))) & 0x03;
 }
 
