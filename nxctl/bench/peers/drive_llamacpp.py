@@ -9,7 +9,9 @@ binaries' folder comes in ``NXCTL_LLAMACPP_BIN``.
   ``cache_prompt: false`` per request), continuous batching (its default). Each request is sent at its
   arrival time from a thread of its own to ``/completion`` with the prompt as token ids, greedy
   (``samplers: ["top_k"]``, ``top_k: 1``), ``ignore_eos`` and ``n_predict`` = max_tokens, streamed with
-  ``return_tokens``, so each token's arrival is timed as a client sees it. ``forwards`` is the server's
+  ``return_tokens``, so each token's arrival is timed as a client sees it (a chunk's ``tokens_predicted``
+  counts the tokens so far: the stream leaves out the id of a token whose text ends inside a UTF-8
+  character, and the answer's ``output_tokens`` counts it). ``forwards`` is the server's
   ``llamacpp:n_decode_total`` over the repeat (its llama_decode calls).
 - One request's decode and a prompt's prefill as llama.cpp reports them: ``llama-bench -p 512 -n 128``
   (``-r 3``), in ``info.llama_bench`` (tok/s of each test), the figures llama.cpp's own users quote.
@@ -113,11 +115,17 @@ def complete(server: Server, request: dict[str, Any], t0: float, out: dict[str, 
             if not line.startswith("data: "):
                 continue
             chunk = json.loads(line[len("data: ") :])
-            tokens = chunk.get("tokens") or []
             now = time.perf_counter() - t0
-            ids.extend(int(t) for t in tokens)
-            times.extend([now] * len(tokens))
-    out.update(token_ids=ids, token_times=times, end_s=time.perf_counter() - t0, cached_tokens=0)
+            ids.extend(int(t) for t in chunk.get("tokens") or [])
+            predicted = int(chunk.get("tokens_predicted", len(times)))
+            times.extend([now] * (predicted - len(times)))
+    out.update(
+        token_ids=ids,
+        token_times=times,
+        end_s=time.perf_counter() - t0,
+        cached_tokens=0,
+        output_tokens=len(times),
+    )
 
 
 def run_once(server: Server, requests: list[dict[str, Any]]) -> dict[str, Any]:

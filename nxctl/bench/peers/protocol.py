@@ -16,11 +16,13 @@ once, warms up, then runs each repeat of each run in order (repeat-major) and wr
 
     <repeat> = {"duration_s": 9.1, "forwards": 180 | null, "batches": [[0, 1], [2, 3]] | absent,
                 "requests": [{"token_ids": [...], "token_times": [...] | null, "end_s": 8.7,
-                              "cached_tokens": 0}, ...]}
+                              "cached_tokens": 0, "output_tokens": 40 | absent}, ...]}
 
 Times are seconds from the start of that repeat (the clock arrivals count from); ``token_times`` has
 one entry per output token (tokens that came out together share a time), null when the peer does not
-expose them. ``forwards``: the forward passes the peer ran, when it can tell. ``batches``: present for
+expose them. ``output_tokens``: how many tokens the request generated, for a peer that cannot show every
+id (llama-server's stream leaves out the id of a token whose text ends inside a UTF-8 character); absent,
+it is the number of ids. ``forwards``: the forward passes the peer ran, when it can tell. ``batches``: present for
 a peer that runs static batches, the request indices of each batch, in order.
 """
 
@@ -44,10 +46,15 @@ class PeerError(NxError):
 class PeerRequest:
     """What the driver answered for one request (times in seconds from its repeat's start)."""
 
-    token_ids: list[int]
+    token_ids: list[int]  # every id generated, or those the peer could show (output_tokens counts them all)
     token_times: list[float] | None
     end_s: float
     cached_tokens: int = 0
+    output_tokens: int = -1  # tokens generated; -1: len(token_ids)
+
+    @property
+    def generated(self) -> int:
+        return len(self.token_ids) if self.output_tokens < 0 else self.output_tokens
 
 
 @dataclass(frozen=True)
@@ -116,11 +123,14 @@ def _request(raw: object, asked: dict[str, Any], where: str) -> PeerRequest:
     if not isinstance(raw, dict):
         raise PeerError(f"{where} is not an object")
     ids = _ints(raw.get("token_ids"), f"{where}.token_ids")
-    if len(ids) != asked["max_tokens"]:
-        raise PeerError(f"{where} generated {len(ids)} tokens, {asked['max_tokens']} were asked")
+    count = int(_number(raw.get("output_tokens", len(ids)), f"{where}.output_tokens"))
+    if count != asked["max_tokens"] or len(ids) > count:
+        raise PeerError(
+            f"{where} generated {count} tokens ({len(ids)} ids), {asked['max_tokens']} were asked"
+        )
     times = raw.get("token_times")
     if times is not None:
-        if not isinstance(times, list) or len(times) != len(ids):
+        if not isinstance(times, list) or len(times) != count:
             raise PeerError(f"{where}.token_times must have one time per token")
         times = [_number(t, f"{where}.token_times") for t in times]
         if any(b < a for a, b in zip(times, times[1:], strict=False)):
@@ -131,7 +141,7 @@ def _request(raw: object, asked: dict[str, Any], where: str) -> PeerRequest:
     cached = int(_number(raw.get("cached_tokens", 0), f"{where}.cached_tokens"))
     if not 0 <= cached <= len(asked["prompt_token_ids"]):
         raise PeerError(f"{where}.cached_tokens {cached} is not within its prompt")
-    return PeerRequest(ids, times, end, cached)
+    return PeerRequest(ids, times, end, cached, count if "output_tokens" in raw else -1)
 
 
 def _run(raw: object, asked: list[dict[str, Any]], where: str) -> PeerRun:

@@ -64,7 +64,7 @@ def schedule_run(requests: Sequence[WorkloadRequest], run: PeerRun) -> ScheduleR
             chunk_times=chunk_times(answer.token_times),
             end=answer.end_s,
             input_tokens=len(req.prompt_token_ids),
-            output_tokens=len(answer.token_ids),
+            output_tokens=answer.generated,
             tenant=req.tenant,
             token_ids=answer.token_ids,
         )

@@ -18,8 +18,9 @@ from nxctl.bench.peers.registry import SPECS
 
 DRIVER = SPECS["llamacpp"].driver
 
-# answers token (prompt sum + i) % 1000 for i in 0..n_predict-1, two per streamed chunk; refuses a
-# request that asks for prompt caching or sampling other than greedy
+# answers token (prompt sum + i) % 1000 for i in 0..n_predict-1, two per streamed chunk, leaving out the
+# id of token 2 as llama-server does for a token whose text ends inside a UTF-8 character (the chunk's
+# tokens_predicted still counts it); refuses a request that asks for prompt caching or non-greedy sampling
 FAKE_SERVER = """\
     import json, sys, time
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -57,7 +58,8 @@ FAKE_SERVER = """\
             ids = [(first + i) % 1000 for i in range(body["n_predict"])]
             for at in range(0, len(ids), 2):
                 decodes += 1
-                chunk = {"content": "", "tokens": ids[at : at + 2], "stop": False}
+                shown = [t for i, t in enumerate(ids[at : at + 2], at) if i != 2]  # as a split UTF-8 character
+                chunk = {"content": "", "tokens": shown, "tokens_predicted": at + len(ids[at : at + 2]), "stop": False}
                 self.wfile.write(f"data: {json.dumps(chunk)}\\n\\n".encode())
                 self.wfile.flush()
                 time.sleep(0.005)
@@ -108,8 +110,10 @@ def test_driver_streams_each_request_and_reports_llama_bench(tmp_path: Path) -> 
     for repeat in answer.runs["workload"]:
         for req, got in zip(REQUESTS, repeat.requests, strict=True):
             first = sum(req.prompt_token_ids)
-            assert got.token_ids == [(first + i) % 1000 for i in range(req.output_len)]
-            assert got.token_times is not None and got.token_times[0] >= req.arrival_s
+            assert got.token_ids == [(first + i) % 1000 for i in range(req.output_len) if i != 2]
+            assert got.generated == req.output_len  # counted, though one id was not shown
+            assert got.token_times is not None and len(got.token_times) == req.output_len
+            assert got.token_times[0] >= req.arrival_s
         assert repeat.forwards == sum(-(-r.output_len // 2) for r in REQUESTS)  # the server's counter
     assert len(answer.runs["single"]) == 2
 

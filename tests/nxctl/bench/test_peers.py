@@ -107,7 +107,9 @@ def _answer(**request: object) -> dict:
 @pytest.mark.parametrize(
     ("change", "needle"),
     [
-        ({"token_ids": [1, 2]}, "generated 2 tokens, 3 were asked"),
+        ({"token_ids": [1, 2]}, r"generated 2 tokens \(2 ids\), 3 were asked"),
+        ({"token_ids": [1, 2, 3, 4], "output_tokens": 3}, r"generated 3 tokens \(4 ids\)"),
+        ({"token_ids": [1, 2], "output_tokens": 2}, r"generated 2 tokens \(2 ids\), 3 were asked"),
         ({"token_times": [0.3, 0.2, 0.1]}, "go backwards"),
         ({"token_times": [0.1]}, "one time per token"),
         ({"end_s": 0.1}, "ends before its last token"),
