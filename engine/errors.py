@@ -23,6 +23,10 @@ class UnsupportedModelError(NxError):
     """A model whose architecture or tensor type the engine does not support."""
 
 
+class KernelBackendError(NxError, ValueError):
+    """An NXCTL_KERNELS value that names no kernel backend, or one whose instructions this CPU lacks."""
+
+
 class InvalidRequestError(NxError, ValueError):
     """Bad request parameters: prompt longer than the context, max_tokens < 1, temperature < 0, ..."""
 

@@ -8,9 +8,10 @@ from engine import kernels
 
 
 def require_several_isas() -> tuple[str, ...]:
-    """The compiled instruction sets this process may run (kernels.compiled_isas), fastest first; skips
-    the calling test when there are fewer than two (NXCTL_KERNELS=generic, a CPU or torch build without
-    AVX2, the portable backend): one build compared with itself passes whatever the kernels compute."""
+    """The compiled backends this process may run (kernels.compiled_isas: of avx512_vnni, avx512, avx2
+    and generic, its own and every slower one the CPU runs), fastest first; skips the calling test when
+    there are fewer than two (NXCTL_KERNELS=generic, a CPU or torch build without AVX2, the portable
+    backend): one build compared with itself passes whatever the kernels compute."""
     isas = kernels.compiled_isas()
     if len(isas) < 2:
         backend = kernels.backend()

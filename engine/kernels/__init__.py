@@ -2,16 +2,21 @@
 
 Batch invariance rests on these: each reduction's order is written in engine/kernels/csrc/kernels.h
 and depends on a row's own data and position, never on the batch, the row's place in it, the
-thread count or a library's choice of kernel. Four backends, chosen once per process:
+thread count or a library's choice of kernel. Five backends, fastest first, chosen once per process
+(choice.py: each compiled one is one table of kernels for one fixed set of CPU features):
 
-    avx512    the avx2 kernels with 16-lane linears (CPUs with AVX512F too, when torch's dispatch also
-              allows AVX-512): a linear's lanes are output columns, so the same bits as avx2
-    avx2      the C++ kernels compiled for AVX2 + FMA + F16C (x86 CPUs that have them, when torch's own
-              dispatch, ATEN_CPU_CAPABILITY, also allows AVX2 or better)
-    generic   the same C++ kernels over scalar lanes: any CPU with a C++ compiler, same bits as avx2
-    portable  pure torch, each row computed alone: no compiler needed, invariant, slow
+    avx512_vnni  the avx512 kernels with the int8/int16-activation linears in VNNI (CPUs with AVX512F,
+                 BW, VL and VNNI too): exact integer sums, so the same bits as avx512
+    avx512       the avx2 kernels with 16-lane linears, attention and input quantizer (CPUs with AVX512F
+                 too): a linear's lanes are output columns, so the same bits as avx2
+    avx2         the C++ kernels compiled for AVX2 + FMA + F16C (x86 CPUs that have them)
+    generic      the same C++ kernels over scalar lanes: any CPU with a C++ compiler, same bits as avx2
+    portable     pure torch, each row computed alone: no compiler needed, invariant, slow
 
-``NXCTL_KERNELS=avx2|generic|portable`` forces a backend (tests use it to exercise each).
+Left alone a process takes the fastest compiled one the CPU has and torch's own dispatch
+(ATEN_CPU_CAPABILITY) allows: AVX512 for the avx512 ones, AVX2 or better for avx2.
+``NXCTL_KERNELS=avx512_vnni|avx512|avx2|generic|portable`` forces one (tests use it to exercise each);
+forcing one whose instructions this CPU lacks raises KernelBackendError naming what it lacks.
 """
 
 from __future__ import annotations
@@ -25,10 +30,10 @@ from typing import Any
 
 import torch
 
-from engine.kernels import portable
+from engine.kernels import choice, portable
 
 PANEL = 16  # output columns per packed weight panel (kernels.h kPanel)
-BACKENDS = ("avx512", "avx2", "generic", "portable")
+BACKENDS = choice.BACKENDS
 
 
 @dataclass(frozen=True)
@@ -38,20 +43,12 @@ class Backend:
     module: ModuleType | None  # the compiled module (None for portable)
 
 
-def _torch_allows_avx2() -> bool:
-    return torch.backends.cpu.get_cpu_capability().upper().startswith("AVX")
-
-
-def _torch_allows_avx512() -> bool:
-    return torch.backends.cpu.get_cpu_capability().upper().startswith("AVX512")
-
-
 @functools.cache
 def backend() -> Backend:
-    """The backend this process uses (built on first use; one line on stderr when it falls back)."""
-    forced = os.environ.get("NXCTL_KERNELS", "").strip().lower()
-    if forced and forced not in BACKENDS:
-        raise ValueError(f"NXCTL_KERNELS={forced!r}; expected one of {', '.join(BACKENDS)}")
+    """The backend this process uses (built on first use; one line on stderr when it falls back).
+
+    Raises KernelBackendError (one line) when NXCTL_KERNELS names no backend, or one this CPU lacks."""
+    forced = choice.forced_name(os.environ.get("NXCTL_KERNELS", ""))
     if forced == "portable":
         return Backend("portable", "NXCTL_KERNELS=portable", None)
     from engine.kernels import build
@@ -66,30 +63,19 @@ def backend() -> Backend:
             file=sys.stderr,
         )
         return Backend("portable", f"build failed: {first}", None)
-    if forced in ("generic", "avx2"):
-        if forced == "generic" or not module.cpu_has_avx2():
-            return Backend("generic", f"NXCTL_KERNELS={forced}", module)
-        return Backend("avx2", "NXCTL_KERNELS=avx2", module)
-    if not module.cpu_has_avx2():
-        return Backend("generic", "this CPU lacks AVX2, FMA or F16C", module)
-    if not _torch_allows_avx2():
-        capability = torch.backends.cpu.get_cpu_capability()
-        return Backend("generic", f"torch CPU capability {capability}", module)
-    if not module.cpu_has_avx512():
-        return Backend("avx2", "CPU has AVX2+FMA+F16C", module)
-    if not _torch_allows_avx512():
-        capability = torch.backends.cpu.get_cpu_capability()
-        return Backend("avx2", f"torch CPU capability {capability} (AVX512F on the CPU)", module)
-    return Backend("avx512", "CPU has AVX512F+AVX2+FMA+F16C", module)
+    chosen = choice.choose(forced, module.cpu_features(), torch.backends.cpu.get_cpu_capability())
+    return Backend(chosen.name, chosen.reason, module)
 
 
 def compiled_isas() -> tuple[str, ...]:
-    """The compiled module's instruction sets that this process's backend may run, fastest first
-    (the tests compare their bits): () for the portable backend."""
+    """The compiled backends this process may run, fastest first (the tests compare their bits): its own
+    backend and every slower one this CPU runs, down to generic (a process capped by
+    ATEN_CPU_CAPABILITY or NXCTL_KERNELS runs nothing faster); () for the portable backend."""
     b = backend()
     if b.module is None:
         return ()
-    return BACKENDS[BACKENDS.index(b.name) : BACKENDS.index("generic") + 1]
+    below = BACKENDS[BACKENDS.index(b.name) :]
+    return tuple(name for name in choice.runnable(b.module.cpu_features()) if name in below)
 
 
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:

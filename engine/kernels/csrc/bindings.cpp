@@ -1,5 +1,5 @@
 // Torch-facing entry points: argument checks, output allocation, the split of work between threads
-// (over outputs only), and the choice of instruction set.
+// (over outputs only), and the table of the backend each call names (ops.h table_for).
 #include <torch/extension.h>
 
 #include "decoder.h"
@@ -9,23 +9,6 @@
 namespace {
 
 using nxk::table_for;
-
-bool cpu_has_avx2() {
-#if defined(__x86_64__) || defined(_M_X64)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-#else
-  return false;
-#endif
-}
-
-bool cpu_has_avx512() {
-#if defined(__x86_64__) || defined(_M_X64)
-  return cpu_has_avx2() && __builtin_cpu_supports("avx512f");
-#else
-  return false;
-#endif
-}
 
 void check_cpu(const torch::Tensor& t, const char* what) {
   TORCH_CHECK(t.device().is_cpu(), what, " must be on the CPU");
@@ -265,8 +248,11 @@ torch::Tensor rope(const std::string& isa, const torch::Tensor& qk, const torch:
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "nxctl's fixed-order CPU kernels (see kernels.h for the order of every reduction)";
-  m.def("cpu_has_avx2", &cpu_has_avx2, "whether this CPU has AVX2, FMA and F16C");
-  m.def("cpu_has_avx512", &cpu_has_avx512, "whether this CPU has AVX512F besides AVX2, FMA and F16C");
+  m.def("cpu_features", &nxk::cpu_features, "the features of this CPU among those the tables use (lower case)");
+  m.def("cpu_has_avx2", &nxk::cpu_has_avx2, "whether this CPU has AVX2, FMA and F16C (the avx2 table)");
+  m.def("cpu_has_avx512", &nxk::cpu_has_avx512, "whether this CPU has AVX512F besides AVX2, FMA and F16C (avx512)");
+  m.def("cpu_has_avx512_vnni", &nxk::cpu_has_avx512_vnni,
+        "whether this CPU has AVX512F, BW, VL and VNNI besides AVX2, FMA and F16C (avx512_vnni)");
   m.def("linear", &linear, "y = x @ W^T over a packed [P, K, 16] weight, float32 out");
   m.def("qlinear", &qlinear, "y = x @ W^T over a packed quantized weight (quantized.h), float32 out");
   m.def("quantized_rows", &quantized_rows, "rows of a packed quantized weight as float32 (an embedding lookup)");

@@ -7,11 +7,12 @@
 // speculative verify, a batch): one 16-lane fma per panel and row instead of two 8-lane ones, and 32
 // registers, so up to 12 rows share each weight load; a quantized weight is dequantized 16 columns at
 // a time, once per span of K for all the rows. The integer-activation linears' input quantizer in 16
-// lanes (isa_avx512_quantize.cpp) and, with AVX512-VNNI, those linears too (isa_avx512_vnni.cpp).
+// lanes (isa_avx512_quantize.cpp); those linears themselves stay the AVX2 ones here (the avx512_vnni
+// table, isa_avx512_vnni.cpp, replaces them).
 // Attention with its score and value passes 16 lanes wide (isa_avx512_attention.cpp). Everything else
 // (norms, softmax) is the AVX2 code: its 8-lane reductions fix their order, so they keep their width.
-// bindings.cpp uses this table only when the CPU has AVX512F (with AVX2, FMA and F16C) and torch's own
-// dispatch (ATEN_CPU_CAPABILITY) allows AVX-512.
+// table_for (ops.h) gives this table only on a CPU with AVX512F (with AVX2, FMA and F16C); Python picks
+// it by itself when torch's own dispatch (ATEN_CPU_CAPABILITY) also allows AVX-512 and the CPU lacks VNNI.
 #if defined(__x86_64__) || defined(_M_X64)
 #include <algorithm>
 #include <cstdint>
@@ -291,8 +292,6 @@ KernelTable avx512_table() {
   });
   use_avx512_attention(t);
   use_avx512_quantizers(t);
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw")) use_vnni_dots(t);
   return t;
 }
 

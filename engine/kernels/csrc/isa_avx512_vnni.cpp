@@ -1,10 +1,11 @@
-// The int8- and int16-activation linears (qdot.h) for CPUs with AVX512-VNNI: one vpdpbusd adds 16
-// columns' 4-byte dot products (unsigned weight bytes x signed activation bytes) to 16 exact int32
-// sums; with int16 inputs two vpdpwssd do (the quad's even and odd weight bytes widened in place, each
-// against its pair of inputs, stored x0 x2 / x1 x3). Q8 weights are stored as q + 128 (unsigned), so
-// the sum is corrected by 128 * sum(qx), exactly.
+// The avx512_vnni table: the avx512 table with its int8- and int16-activation linears (qdot.h) in VNNI.
+// One vpdpbusd adds 16 columns' 4-byte dot products (unsigned weight bytes x signed activation bytes) to
+// 16 exact int32 sums; with int16 inputs two vpdpwssd do (the quad's even and odd weight bytes widened in
+// place, each against its pair of inputs, stored x0 x2 / x1 x3). Q8 weights are stored as q + 128
+// (unsigned), so the sum is corrected by 128 * sum(qx), exactly.
 // The float combine per block is qdot.h's, lane by lane: the same bits as the AVX2 and generic
-// entries. isa_avx512.cpp installs these only when the CPU has AVX512-VNNI and AVX512-BW.
+// entries. table_for (ops.h) gives this table only on a CPU with AVX512F, BW, VL and VNNI (with AVX2, FMA
+// and F16C).
 #if defined(__x86_64__) || defined(_M_X64)
 #include <algorithm>
 #include <cstdint>
@@ -185,12 +186,17 @@ struct VnniDots {
 
 }  // namespace
 
-void use_vnni_dots(KernelTable& t) { set_dot_entries<VnniDots>(t); }
+KernelTable avx512_vnni_table() {
+  KernelTable t = avx512_table();
+  t.name = "avx512_vnni";
+  set_dot_entries<VnniDots>(t);
+  return t;
+}
 
 }  // namespace nxk
 #else
 #include "table.h"
 namespace nxk {
-void use_vnni_dots(KernelTable&) {}
+KernelTable avx512_vnni_table() { return avx512_table(); }
 }  // namespace nxk
 #endif

@@ -15,19 +15,32 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu.h"
 #include "table.h"
 
 namespace nxk {
 
-// the table for "avx512", "avx2" or "generic" (raises on any other name)
+// The table for backend ``isa``: "avx512_vnni", "avx512", "avx2" or "generic". Raises on any other name,
+// and on a table whose instructions this CPU lacks (cpu.h): a wrong name never runs an illegal instruction.
 inline const KernelTable& table_for(const std::string& isa) {
   static const KernelTable generic = generic_table();
   static const KernelTable avx2 = avx2_table();
   static const KernelTable avx512 = avx512_table();
-  if (isa == "avx2") return avx2;
-  if (isa == "avx512") return avx512;
-  TORCH_CHECK(isa == "generic", "unknown instruction set ", isa);
-  return generic;
+  static const KernelTable avx512_vnni = avx512_vnni_table();
+  static const bool has_avx2 = cpu_has_avx2(), has_avx512 = cpu_has_avx512(), has_vnni = cpu_has_avx512_vnni();
+  if (isa == "generic") return generic;
+  if (isa == "avx2") {
+    TORCH_CHECK(has_avx2, "the avx2 kernels need AVX2, FMA and F16C, which this CPU lacks");
+    return avx2;
+  }
+  if (isa == "avx512") {
+    TORCH_CHECK(has_avx512, "the avx512 kernels need AVX512F, AVX2, FMA and F16C, which this CPU lacks");
+    return avx512;
+  }
+  TORCH_CHECK(isa == "avx512_vnni", "unknown instruction set ", isa);
+  TORCH_CHECK(has_vnni, "the avx512_vnni kernels need AVX512F, BW, VL and VNNI with AVX2, FMA and F16C, ",
+              "which this CPU lacks");
+  return avx512_vnni;
 }
 
 // y [M, N] float32 = x [M, K] float32 @ W^T over a packed weight [P, K, 16] of T

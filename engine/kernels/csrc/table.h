@@ -1,4 +1,5 @@
-// One table of kernel entry points per instruction set; bindings.cpp picks a table at run time.
+// One table of kernel entry points per backend, each for one fixed set of CPU features (cpu.h): what a
+// table holds never depends on the CPU it runs on. bindings.cpp picks a table by name at run time.
 // Entry points take raw pointers and a range of work items, so threads split work between calls.
 #pragma once
 
@@ -99,12 +100,13 @@ KernelTable make_table(const char* name) {
   return t;
 }
 
-KernelTable generic_table();
-KernelTable avx2_table();
-KernelTable avx512_table();  // avx2_table with 16-lane linears (isa_avx512.cpp)
+// The tables, fastest last, each for the CPU features cpu.h checks before table_for (ops.h) hands it out
+KernelTable generic_table();  // scalar lanes: any CPU (isa_generic.cpp)
+KernelTable avx2_table();  // AVX2, FMA, F16C (isa_avx2.cpp)
+KernelTable avx512_table();  // + AVX512F: 16-lane linears, attention and quantizers (isa_avx512.cpp)
+KernelTable avx512_vnni_table();  // + AVX512BW, VL, VNNI: integer-activation linears in VNNI (isa_avx512_vnni.cpp)
 void use_avx2_quantizers(KernelTable& t);  // quantize_rows in 8 lanes (isa_avx2_quantize.cpp)
 void use_avx512_quantizers(KernelTable& t);  // quantize_rows in 16 lanes (isa_avx512_quantize.cpp)
 void use_avx512_attention(KernelTable& t);  // attention with 16-lane passes (isa_avx512_attention.cpp)
-void use_vnni_dots(KernelTable& t);  // the int8/int16-activation entries for AVX512-VNNI CPUs (isa_avx512_vnni.cpp)
 
 }  // namespace nxk

@@ -1,5 +1,5 @@
 """engine.kernels against plain torch, on whichever backend this process runs (NXCTL_KERNELS picks it
-before the first call: run this file once per backend to cover all three).
+before the first call: run this file once per backend to cover each).
 
 What tests/engine/kernels/test_kernels.py leaves out and this file adds:
   invariance  one row alone, and among 1, 2, 7 and 33 rows at the start, middle and end of the batch,
