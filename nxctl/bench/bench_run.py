@@ -336,7 +336,7 @@ def _quantized_agreement(ctx: _Context) -> dict[str, float]:
     float path's tokens (engine_top1_agreement). Empty when nothing is held quantized or not greedy."""
     opts = ctx.opts
     ours = ctx.tokens.get("cb_invariant")
-    if ours is None or not _holds_quantized(ctx) or opts.workload.sampling != "greedy":
+    if ours is None or not opts.agreement or not _holds_quantized(ctx) or opts.workload.sampling != "greedy":
         return {}
     subset = ctx.requests[:QUANTIZED_AGREEMENT_REQUESTS]
     float_run = run_continuous(

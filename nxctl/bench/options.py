@@ -40,6 +40,9 @@ class BenchOptions:
     concurrency: int | None = None
     peers_dir: Path | None = None  # where `make peers` put the subprocess peers (None: the default)
     dataset: str | None = None  # --workload: a fixed prompt dataset (nxctl/bench/datasets.py); None: random
+    # re-run the first requests on the float path for the quantized agreement (minutes on a 1B model:
+    # the float32 weights are 6x a Q4_K_M file's)
+    agreement: bool = True
     # the options the command line gave (their flags), where a value alone cannot tell a default from a
     # choice: the CLI fills it; ``in_process_settings`` reads it
     given: frozenset[str] = frozenset()
@@ -98,6 +101,7 @@ class BenchOptions:
             "--peer": bool(self.peers),
             "--compare-dtype": self.compare_dtype is not None,
             "--compare-activations": self.compare_activations is not None,
+            "--no-agreement": not self.agreement,
             "--speculative": self.engine.speculative is not None,
             **{
                 flag: flag in self.given

@@ -32,7 +32,7 @@ VALUE_KEYS = (
 
 
 def cpu_kernels(result: BenchResult) -> str | None:
-    """The kernel backend our CPU schedules ran on (avx512, avx2, generic, portable): a verify step's
+    """The kernel backend our CPU schedules ran on (avx512_vnni, avx512, avx2, generic, portable): a verify step's
     or a batch's speed depends on it; None off the CPU and for a seat measured over HTTP."""
     if result.device != "cpu" or result.options.url is not None:
         return None

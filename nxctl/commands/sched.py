@@ -128,6 +128,14 @@ def bench(
         Path | None,
         typer.Option("--peers-dir", envvar="NXCTL_PEERS_DIR", help="Where `make peers` installed the peers."),
     ] = None,
+    agreement: Annotated[
+        bool,
+        typer.Option(
+            "--agreement/--no-agreement",
+            help="Measure how often quantized weights' tokens agree with the float path's (re-runs the first "
+            "16 requests on float32 weights: minutes on a 1B model).",
+        ),
+    ] = True,
     workload: Annotated[
         str,
         typer.Option(
@@ -164,6 +172,7 @@ def bench(
             concurrency=concurrency,
             peers_dir=peers_dir,
             dataset=None if workload == "random" else workload,
+            agreement=agreement,
             given=engine.given | given_on_command_line(ctx, IN_PROCESS_OPTIONS),
         )
         result = run_with_progress(opts, Console(stderr=True))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from engine.config import EngineConfig
@@ -118,3 +120,15 @@ def test_activations_named_only_where_weights_were_held_quantized(quantized: boo
     said = title(result) + "\n" + "\n".join(footer(result))
     assert ("int16 activations" in said) is quantized
     assert to_json(result)["quantized_weights"] is quantized
+
+
+@pytest.mark.parametrize("agreement", [True, False])
+def test_the_quantized_agreement_runs_unless_turned_off(agreement: bool) -> None:
+    """A quantized model's bench re-runs its first requests on the float path for the agreement figures;
+    --no-agreement (minutes on a 1B model) leaves them out."""
+    model = str(Path(__file__).resolve().parents[3] / "fixtures" / "gguf" / "llama-q4_k_m.gguf")
+    opts = BenchOptions(model=model, workload=SPEC, schedules=("cb_invariant",), agreement=agreement)
+    extras = run_bench(opts).extras
+    assert ("quantized_vs_float_teacher_forced_top1_agreement" in extras) is agreement
+    if agreement:
+        assert 0.0 <= extras["quantized_vs_float_teacher_forced_top1_agreement"] <= 1.0
