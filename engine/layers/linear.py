@@ -116,6 +116,13 @@ class LinearWeight:
             return self.data, self.format
         return (self.data, -1) if self.packed else None
 
+    @property
+    def kernel_segments(self) -> list[tuple[torch.Tensor, int, int, int]] | None:
+        """Each part as the C++ layer loop takes it: (data, format, context format, output columns); one
+        for a weight held whole (engine/layers/segmented_linear.py holds several); None when held plain."""
+        layout = self.kernel_layout
+        return None if layout is None else [(*layout, self.context_format, self.out_features)]
+
     def batch_dependent(self, x: torch.Tensor) -> torch.Tensor:
         """A deliberately batch-dependent matmul (fault injection): this linear plus a term that grows with M."""
         return self(x) + (x.shape[0] - 1) * 1e-3

@@ -118,8 +118,9 @@ def _layer(
 
 
 def in_kernel_layout(layer: DecoderLayerWeights[LinearWeight]) -> bool:
-    """Whether every linear of ``layer`` is held as our C++ kernels read it (LinearWeight.kernel_layout)."""
-    return all(lw.kernel_layout is not None for lw in (layer.qkv, layer.o, layer.gate_up, layer.down))
+    """Whether every linear of ``layer`` is held as our C++ kernels read it (LinearWeight.kernel_segments:
+    whole, or in segments of different types)."""
+    return all(lw.kernel_segments is not None for lw in (layer.qkv, layer.o, layer.gate_up, layer.down))
 
 
 def stack_arguments(
@@ -129,11 +130,12 @@ def stack_arguments(
     each linear's (data, format), the caches, absent parts as empty tensors, then the linears' context
     formats. Needs ``in_kernel_layout(layer)`` and no Gemma norms (the C++ stack has none)."""
     linears = (layer.qkv, layer.o, layer.gate_up, layer.down)
-    layouts = [lw.kernel_layout for lw in linears if lw.kernel_layout is not None]
-    if layer.sandwich or len(layouts) < len(linears):
+    if layer.sandwich or not in_kernel_layout(layer):
         raise ValueError("the C++ layer loop takes linears in the kernels' layout and no sandwich norms")
-    (qkv, qkv_format), (o, o_format), (gate_up, gate_up_format), (down, down_format) = layouts
     absent = torch.empty(0)
+    # a linear in segments: an empty tensor here, its segments given by split_linear (add_to_stack)
+    whole = [lw.kernel_layout or (absent, lw.format) for lw in linears]
+    (qkv, qkv_format), (o, o_format), (gate_up, gate_up_format), (down, down_format) = whole
     return [
         layer.input_norm, qkv, qkv_format, o, o_format, layer.post_norm, gate_up, gate_up_format, down,
         down_format, k_cache, v_cache, absent if layer.qkv_bias is None else layer.qkv_bias,
@@ -148,3 +150,8 @@ def add_to_stack(
     """Append ``layer``, over these caches, to a C++ layer loop (kernels.decoder_stack; mutates ``stack``,
     which holds the tensors by reference)."""
     stack.add_layer(*stack_arguments(layer, k_cache, v_cache))
+    for which, lw in enumerate((layer.qkv, layer.o, layer.gate_up, layer.down)):
+        segments = lw.kernel_segments
+        if lw.kernel_layout is None and segments:
+            datas, formats, contexts, widths = (list(column) for column in zip(*segments, strict=True))
+            stack.split_linear(which, datas, formats, contexts, widths)

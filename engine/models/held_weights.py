@@ -1,8 +1,8 @@
 """The bytes PagedLlama holds for a model's weights, from its config alone (no tensor is read).
 
 The same holding rules as engine/models/llama.py, counted instead of applied: fused q|k|v and gate|up
-linears, quantized when all their parts are of one quantized type (packed tiles, see
-engine/kernels/quant_pack.py), float otherwise (packed panels of 16 rows on the CPU when invariant:
+linears, quantized when all their parts are quantized (packed tiles, see engine/kernels/quant_pack.py;
+parts of different types as segments, engine/layers/segmented_linear.py), float otherwise (packed panels of 16 rows on the CPU when invariant:
 float32, or bfloat16 kept); a float embedding table held beside a tied head, a quantized one read
 through it. tests/engine/test_quantized_engine.py checks these counts against loaded engines.
 """
@@ -77,12 +77,11 @@ def _weight_bytes(
         return "Q8_0" if quantize == "int8" and on_cpu and int8_quantizes(name, k, tied) else None
 
     def linear(parts: list[tuple[str, int]], k: int) -> int:
-        kinds = {kind(name, k) for name, _ in parts}
+        kinds = [kind(name, k) for name, _ in parts]
         rows = sum(r for _, r in parts)
-        only = next(iter(kinds))
-        if len(kinds) == 1 and only is not None:
-            quantized.append(only)
-            return packed_bytes(only, rows, k)
+        if None not in kinds:  # quantized; parts of different types as segments (SegmentedLinear)
+            quantized.extend(dict.fromkeys(k for k in kinds if k is not None))
+            return sum(packed_bytes(qtype, run_rows, k) for qtype, run_rows in _runs(parts, kinds))
         return (-(-rows // PANEL) * PANEL if packed else rows) * k * panel_width
 
     h, q, kv, inter = config.hidden_size, config.q_size, config.kv_size, config.intermediate_size
@@ -108,3 +107,15 @@ def _weight_bytes(
     if embedding_kind is None:
         return total, config.vocab_size * h * width, bool(quantized)
     return total, 0 if tied else packed_bytes(embedding_kind, config.vocab_size, h), bool(quantized)
+
+
+def _runs(parts: list[tuple[str, int]], kinds: list[str | None]) -> list[tuple[str, int]]:
+    """(type, rows) of each run of consecutive parts of one quantized type."""
+    runs: list[tuple[str, int]] = []
+    for (_, rows), qtype in zip(parts, kinds, strict=True):
+        assert qtype is not None
+        if runs and runs[-1][0] == qtype:
+            runs[-1] = (qtype, runs[-1][1] + rows)
+        else:
+            runs.append((qtype, rows))
+    return runs

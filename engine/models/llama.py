@@ -21,6 +21,7 @@ from engine.layers.attention import AttentionPlan, paged_attention, plan_attenti
 from engine.layers.linear import LinearWeight
 from engine.layers.rmsnorm import rms_norm
 from engine.layers.rope import Rope
+from engine.layers.segmented_linear import SegmentedLinear
 from engine.models.decoder_layer import (
     LINEAR_PARTS,
     QKV_BIAS,
@@ -191,13 +192,17 @@ class PagedLlama:
             self.parts[name] = (key, row, t.shape[0])
             row += t.shape[0]
         quantized = [w for w in weights if isinstance(w, QuantizedWeight)]
-        if len(quantized) == len(weights) and len({w.qtype for w in quantized}) == 1:
-            fused: Weight = QuantizedWeight.stack(quantized)
-        else:  # float, or quantized types that differ: the fused weight is held as float
-            fused = torch.cat([dense(w).to(device=self.device, dtype=self.dtype) for w in weights])
         activations = self.activations
         if activations == "mixed" and not key.endswith(CONTEXT_INT8_LINEARS):
             activations = "int16"
+        if len(quantized) == len(weights) and len({w.qtype for w in quantized}) > 1:
+            # quantized types that differ (a Q4_K_M file's q, k in Q4_K and v in Q6_K): each held at its size
+            self.linears[key] = SegmentedLinear.of_runs(quantized, self.invariant, self.dtype, activations)
+            return
+        if len(quantized) == len(weights):
+            fused: Weight = QuantizedWeight.stack(quantized)
+        else:  # float, or float and quantized parts: the fused weight is held as float
+            fused = torch.cat([dense(w).to(device=self.device, dtype=self.dtype) for w in weights])
         self.linears[key] = LinearWeight(fused, self.invariant, self.dtype, activations)
 
     @property
@@ -222,8 +227,9 @@ class PagedLlama:
         """GGUF type -> how many linear weights are held in it (empty when every weight is float)."""
         counts: dict[str, int] = {}
         for lw in self.linears.values():
-            if lw.quantized:
-                counts[lw.quantized] = counts.get(lw.quantized, 0) + 1
+            for qtype in lw.types if isinstance(lw, SegmentedLinear) else [lw.quantized]:
+                if qtype:
+                    counts[qtype] = counts.get(qtype, 0) + 1
         return counts
 
     def embed_rows(self, token_ids: torch.Tensor) -> torch.Tensor:

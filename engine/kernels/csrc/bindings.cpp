@@ -267,6 +267,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("intermediate"), py::arg("eps"),
            py::arg("scale"), py::arg("window") = 0)
       .def("add_layer", &nxk::DecoderStack::add_layer)
+      .def("split_linear", &nxk::DecoderStack::split_linear)
       .def("forward", &nxk::DecoderStack::forward)
       .def_property_readonly("num_layers", &nxk::DecoderStack::num_layers);
   m.attr("PANEL") = nxk::kPanel;

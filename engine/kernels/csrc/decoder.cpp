@@ -40,6 +40,17 @@ void with_caches(const DecoderLayer& layer, const F& fn) {
 // y [M, N] = x [M, K] @ W^T through the kernel for the weight's layout; the last ``context`` rows in
 // the weight's context_format
 void apply(const KernelTable& t, const HeldLinear& w, const float* x, int64_t m, float* y, int64_t context) {
+  if (!w.segments.empty()) {  // each segment into scratch, then into its columns of y
+    thread_local std::vector<float> part;
+    int64_t col = 0;
+    for (const HeldLinear& s : w.segments) {
+      part.resize(static_cast<size_t>(m * s.n));
+      apply(t, s, x, m, part.data(), context);
+      for (int64_t r = 0; r < m; ++r) std::copy_n(part.data() + r * s.n, s.n, y + r * w.n + col);
+      col += s.n;
+    }
+    return;
+  }
   if (w.format >= 0) {
     const int64_t own = w.context_format == w.format ? m : m - context;  // rows in the weight's own format
     const uint8_t* packed = w.data.data_ptr<uint8_t>();
@@ -100,6 +111,7 @@ DecoderStack::DecoderStack(int64_t hidden, int64_t heads, int64_t kv_heads, int6
 
 HeldLinear DecoderStack::held(const torch::Tensor& data, int64_t format, int64_t context_format, int64_t n,
                               int64_t k) const {
+  if (data.numel() == 0) return HeldLinear{data, format, context_format, n, k, {}};  // split_linear's to give
   TORCH_CHECK(data.device().is_cpu() && data.is_contiguous() && data.dim() == 3, "a held linear must be a contiguous ",
               "3-d CPU tensor");
   TORCH_CHECK(data.size(0) == (n + kPanel - 1) / kPanel, "a held linear does not hold N=", n);
@@ -117,7 +129,27 @@ HeldLinear DecoderStack::held(const torch::Tensor& data, int64_t format, int64_t
                 "a packed linear must be float32 or bfloat16");
     TORCH_CHECK(data.size(1) == k && data.size(2) == kPanel, "a packed linear must be [P, ", k, ", 16]");
   }
-  return HeldLinear{data, format, context_format, n, k};
+  return HeldLinear{data, format, context_format, n, k, {}};
+}
+
+void DecoderStack::split_linear(int64_t which, const std::vector<torch::Tensor>& datas,
+                                const std::vector<int64_t>& formats, const std::vector<int64_t>& context_formats,
+                                const std::vector<int64_t>& ns) {
+  TORCH_CHECK(!layers_.empty() && which >= 0 && which < 4, "split_linear: a linear (0..3) of a layer added");
+  DecoderLayer& layer = layers_.back();
+  HeldLinear* w[4] = {&layer.qkv, &layer.o, &layer.gate_up, &layer.down};
+  HeldLinear& whole = *w[which];
+  TORCH_CHECK(whole.data.numel() == 0 && whole.segments.empty(), "split_linear: add_layer gave that linear a weight");
+  TORCH_CHECK(!datas.empty() && datas.size() == formats.size() && datas.size() == context_formats.size() &&
+                  datas.size() == ns.size(),
+              "split_linear: one format, context format and width per segment");
+  int64_t total = 0;
+  for (size_t i = 0; i < datas.size(); ++i) {
+    TORCH_CHECK(datas[i].numel() > 0, "split_linear: an empty segment");
+    whole.segments.push_back(held(datas[i], formats[i], context_formats[i], ns[i], whole.k));
+    total += ns[i];
+  }
+  TORCH_CHECK(total == whole.n, "split_linear: the segments hold ", total, " columns of the linear's ", whole.n);
 }
 
 void DecoderStack::add_layer(const torch::Tensor& input_norm, const torch::Tensor& qkv, int64_t qkv_format,
@@ -178,6 +210,9 @@ torch::Tensor DecoderStack::forward(const std::string& isa, const torch::Tensor&
   check_float(sin, "sin");
   for (const auto* l : {&slots, &tables, &owners, &positions}) check_long(*l, "slots, tables, owners and positions");
   TORCH_CHECK(x.dim() == 2 && x.size(1) == hidden_, "x must be [N, hidden]");
+  for (const DecoderLayer& layer : layers_)
+    for (const HeldLinear* w : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
+      TORCH_CHECK(w->data.numel() > 0 || !w->segments.empty(), "a linear left to split_linear was never given");
   const int64_t rows = x.size(0), d = head_dim_;
   TORCH_CHECK(slots.numel() == rows && owners.numel() == rows && positions.numel() == rows,
               "one slot, owner and position per row");

@@ -21,10 +21,13 @@ namespace nxk {
 // format < 0) or packed quantized tiles [P, K / 32, tile bytes] uint8 in ``format`` (quantized.h).
 // ``context_format``: the format a step's context rows (see forward) multiply it in: ``format``, or
 // for a weight in the int16 dot layout the int8 one (qdot.h: the same bytes).
+// ``segments``: a linear held in parts of different quantized types (engine/layers/segmented_linear.py),
+// each a HeldLinear of its own, their outputs side by side in order (``data`` is then empty).
 struct HeldLinear {
   torch::Tensor data;
   int64_t format, context_format;
   int64_t n, k;  // logical [N, K]
+  std::vector<HeldLinear> segments;
 };
 
 struct DecoderLayer {
@@ -50,6 +53,12 @@ class DecoderStack {
                  int64_t gate_up_format, const torch::Tensor& down, int64_t down_format, const torch::Tensor& k_cache,
                  const torch::Tensor& v_cache, const torch::Tensor& qkv_bias, const torch::Tensor& q_norm,
                  const torch::Tensor& k_norm, const std::vector<int64_t>& context_formats);
+
+  // The last layer's linear ``which`` (0 qkv, 1 o, 2 gate_up, 3 down; add_layer was given an empty
+  // tensor for it) held as segments: datas[i] in formats[i] (context rows in context_formats[i]), ns[i]
+  // output columns each, summing to the linear's N (mutates).
+  void split_linear(int64_t which, const std::vector<torch::Tensor>& datas, const std::vector<int64_t>& formats,
+                    const std::vector<int64_t>& context_formats, const std::vector<int64_t>& ns);
 
   // Every layer over the step's rows: x [N, hidden] float32 (the embeddings) -> [N - context_rows,
   // hidden] float32 (the leading rows of a new tensor), writing each row's K/V at its slot. slots,

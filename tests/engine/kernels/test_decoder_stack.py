@@ -4,6 +4,7 @@ its tokens and logprob bits are those of the layer-by-layer path, whatever the b
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,9 +12,10 @@ import torch
 from engine import kernels, testing
 from engine.config import EngineConfig
 from engine.llm_engine import Engine
-from engine.loader import LoadedModel
+from engine.loader import LoadedModel, load_model
 from engine.sampling_params import SamplingParams
 
+GGUF_DIR = Path(__file__).resolve().parents[3] / "fixtures" / "gguf"
 needs_compiled = pytest.mark.skipif(kernels.backend().module is None, reason="the C++ kernels are not built")
 
 
@@ -63,6 +65,18 @@ def test_one_call_for_every_layer_gives_the_layer_by_layer_bits(tiny_loaded: Loa
     fused, layered = _both_paths(engine, tiny_loaded.config.vocab_size, seed=3)
     assert fused == layered
     assert any(lp for _, lp in fused)
+
+
+@needs_compiled
+@pytest.mark.parametrize("activations", ["float", "mixed"])
+def test_a_linear_held_in_segments_of_two_types_gives_the_same_bits_either_way(activations: str):
+    """llama-q4_k_m's second layer holds q|k|v as a Q4_K and a Q6_K segment (SegmentedLinear): the C++
+    loop runs them as segments (split_linear), with the layer-by-layer path's bits, context rows too."""
+    loaded = load_model(GGUF_DIR / "llama-q4_k_m.gguf")
+    config = EngineConfig(activations=activations, num_kv_blocks=64, prefill_chunk=32)
+    engine = Engine(loaded, config)
+    fused, layered = _both_paths(engine, loaded.config.vocab_size, seed=5)
+    assert fused == layered
 
 
 @needs_compiled

@@ -14,6 +14,8 @@ import torch
 from engine.config import ModelConfig
 from engine.errors import ModelFileError, UnsupportedModelError
 from engine.kernels.quant_pack import pack_quantized, unpack_quantized
+from engine.layers.linear import LinearWeight
+from engine.layers.segmented_linear import SegmentedLinear
 from engine.llm import LLM
 from engine.loader import load_config, load_model
 from engine.loader.gguf_file import _hf_name, _unpermute, gguf_weights, open_reader
@@ -142,3 +144,21 @@ def test_an_architecture_we_do_not_run_is_one_clear_error(tmp_path: Path):
     writer.close()
     with pytest.raises(UnsupportedModelError, match="unsupported GGUF architecture 'gptneox'"):
         load_model(path)
+
+
+def test_a_fused_linear_of_two_types_is_held_at_the_files_size_with_the_same_bits():
+    """llama-q4_k_m's second layer keeps q and k in Q4_K and v in Q6_K: its q|k|v is held as two
+    segments, each packed at its type's size (not widened to float), and the model's bytes are what
+    held_weight_bytes counts from the config; with float activations the bits are still the dequantized
+    run's (each output column is its own part's chain)."""
+    path = GGUF_DIR / "llama-q4_k_m.gguf"
+    loaded = load_model(path)
+    llm = LLM(str(path), activations="float", num_kv_blocks=32)
+    model = llm.engine._model  # pylint: disable=protected-access
+    qkv = model.linears["model.layers.1.self_attn.qkv"]
+    assert isinstance(qkv, SegmentedLinear) and qkv.types == ["Q4_K", "Q6_K"]
+    assert all(lw.quantized for lw in model.linears.values())  # nothing widened to float
+    assert model.weight_bytes == held_weight_bytes(loaded.config, "float32")
+    x = torch.randn(3, qkv.in_features)
+    as_float = LinearWeight(qkv.dense(), True, torch.float32)  # the dequantized weight, fused, packed
+    assert torch.equal(qkv(x), as_float(x))
