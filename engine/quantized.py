@@ -91,3 +91,25 @@ def quantize_q8_0(weight: torch.Tensor) -> QuantizedWeight:
 def dense(weight: torch.Tensor | QuantizedWeight) -> torch.Tensor:
     """A weight as a plain float tensor (a quantized one dequantized to float32)."""
     return weight.dequantize() if isinstance(weight, QuantizedWeight) else weight
+
+
+# where each K type keeps its float16 super-block scales (the rest of a block is any bytes)
+SCALE_FIELDS = {"Q4_K": (0, 2), "Q6_K": (208,)}
+
+
+def sample_weight(
+    qtype: str, n: int, k: int, generator: torch.Generator, scale: float = 1.0
+) -> QuantizedWeight:
+    """A [n, k] weight of ``qtype`` for tests and gates: gguf's quantizer over normal values where it has
+    one; for the K types (gguf only reads them) random bytes with sane float16 super-block scales (every
+    byte pattern is a valid block)."""
+    shape = (n, k // BLOCK_ELEMENTS[qtype], BLOCK_BYTES[qtype])
+    if qtype in SCALE_FIELDS:
+        raw = torch.randint(0, 256, shape, generator=generator, dtype=torch.uint8)
+        for at in SCALE_FIELDS[qtype]:
+            d = (torch.rand(n, shape[1], generator=generator) * 0.05 * scale).half()
+            raw[..., at : at + 2] = d.unsqueeze(-1).view(torch.uint8)
+        return QuantizedWeight(qtype, raw, (n, k))
+    values = (torch.randn(n, k, generator=generator) * scale).numpy()
+    blocks = gguf.quants.quantize(values, gguf.GGMLQuantizationType[qtype])
+    return QuantizedWeight(qtype, torch.from_numpy(blocks).view(shape), (n, k))

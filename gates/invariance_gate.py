@@ -34,7 +34,7 @@ from engine.config import EngineConfig
 from engine.kernels.quant_pack import pack_quantized
 from engine.llm import LLM
 from engine.loader import load_config
-from engine.quantized import quantize_q8_0
+from engine.quantized import BLOCK_ELEMENTS, QTYPES, sample_weight
 from engine.settings import ACTIVATION_MODES
 from engine.workload import LengthRange, WorkloadRequest, WorkloadSpec, make_workload
 from gates.framework import Gate, GateRun
@@ -178,10 +178,14 @@ def _kernel_rows(run: GateRun, seed: int) -> None:
 
 
 def _quantized_rows(rng: random.Random, gen: torch.Generator) -> list[str]:
-    """Quantized linears (Q8_0) on the real shapes, float, int16 and int8 activations: a row alone == among others."""
+    """Quantized linears on the real shapes, each in a type drawn from those held quantized (Q8_0, Q4_0,
+    Q4_1; Q4_K and Q6_K with K rounded up to their 256), float, int16 and int8 activations: a row alone ==
+    among others."""
     differing: list[str] = []
     for n, k in SMOLLM2_SHAPES:
-        weight = quantize_q8_0(torch.randn(n, k, generator=gen))
+        qtype = rng.choice(QTYPES)
+        k = -(-k // BLOCK_ELEMENTS[qtype]) * BLOCK_ELEMENTS[qtype]
+        weight = sample_weight(qtype, n, k, gen)
         rows = rng.choice([rng.randint(2, 64), 512])
         x = torch.randn(rows, k, generator=gen) * rng.choice([0.1, 1.0, 30.0])
         for activations in ACTIVATION_MODES:
@@ -191,7 +195,7 @@ def _quantized_rows(rng: random.Random, gen: torch.Generator) -> list[str]:
             full = kernels.qlinear(x, packed, fmt, n)
             for i in rng.sample(range(rows), 2):
                 if not torch.equal(kernels.qlinear(x[i : i + 1], packed, fmt, n), full[i : i + 1]):
-                    differing.append(f"qlinear Q8_0 {activations} activations {n}x{k} row {i}/{rows}")
+                    differing.append(f"qlinear {qtype} {activations} activations {n}x{k} row {i}/{rows}")
     return differing
 
 

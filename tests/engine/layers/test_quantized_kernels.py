@@ -17,31 +17,25 @@ import torch
 from engine import kernels
 from engine.kernels.quant_pack import pack_quantized, quantized_rows, unpack_quantized
 from engine.layers.linear import LinearWeight
-from engine.quantized import BLOCK_BYTES, BLOCK_ELEMENTS, QTYPES, QuantizedWeight, dense, quantize_q8_0
+from engine.quantized import (
+    QTYPES,
+    SCALE_FIELDS,
+    QuantizedWeight,
+    dense,
+    quantize_q8_0,
+    sample_weight,
+)
 from tests.isas import require_several_isas
 
 SHAPES = ((37, 32), (16, 64), (50, 96), (130, 288))  # N not a multiple of 16, K = 32 .. 288
 K_SHAPES = ((37, 256), (16, 512), (50, 768))  # the K types' blocks hold 256
 ROWS = (1, 2, 3, 6, 7, 13, 40, 100)
-# where each K type keeps its float16 super-block scales (the rest of a block is any bytes)
-SCALE_FIELDS = {"Q4_K": (0, 2), "Q6_K": (208,)}
 CASES = [(q, s) for q in QTYPES for s in (K_SHAPES if q in SCALE_FIELDS else SHAPES)]
 
 
 def _quantized(qtype: str, n: int, k: int, seed: int, scale: float = 1.0) -> QuantizedWeight:
-    """Blocks of ``qtype``: gguf's quantizer where it has one; for the K types (gguf only reads them)
-    random bytes with sane float16 super-block scales (every byte pattern is a valid block)."""
-    gen = torch.Generator().manual_seed(seed)
-    shape = (n, k // BLOCK_ELEMENTS[qtype], BLOCK_BYTES[qtype])
-    if qtype in SCALE_FIELDS:
-        raw = torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8)
-        for at in SCALE_FIELDS[qtype]:
-            d = (torch.rand(n, shape[1], generator=gen) * 0.05 * scale).half()
-            raw[..., at : at + 2] = d.unsqueeze(-1).view(torch.uint8)
-        return QuantizedWeight(qtype, raw, (n, k))
-    w = (torch.randn(n, k, generator=gen) * scale).numpy()
-    raw = gguf.quants.quantize(w, gguf.GGMLQuantizationType[qtype])
-    return QuantizedWeight(qtype, torch.from_numpy(raw).view(shape), (n, k))
+    """Blocks of ``qtype`` (engine.quantized.sample_weight) from ``seed``."""
+    return sample_weight(qtype, n, k, torch.Generator().manual_seed(seed), scale)
 
 
 @pytest.mark.parametrize(("qtype", "shape"), CASES)
