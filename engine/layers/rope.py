@@ -58,8 +58,14 @@ def _yarn(inv_freq: torch.Tensor, head_dim: int, theta: float, scaling: RopeScal
     return (inv_freq / scaling.factor) * (1 - keep) + inv_freq * keep
 
 
+BLOCK_POSITIONS = 4096  # positions whose cos/sin rows are computed together (Rope._grow)
+
+
 class Rope:
-    """cos/sin tables for every position up to ``max_positions``: [max_positions, head_dim] each."""
+    """cos/sin tables for positions up to ``max_positions``, [positions, head_dim] each, computed as steps
+    first reach them: in blocks of BLOCK_POSITIONS positions, each block always computed alone from its
+    own positions, so a position's values depend on the position alone, never on how far the table had
+    grown (a 131072-position context's full tables would hold 134 MB at head_dim 128)."""
 
     def __init__(
         self,
@@ -69,15 +75,29 @@ class Rope:
         device: torch.device,
         scaling: RopeScaling | None = None,
     ):
-        inv_freq = inverse_frequencies(head_dim, theta, scaling, max_positions)
-        freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
-        emb = torch.cat([freqs, freqs], dim=-1)  # [P, head_dim]
-        gain = scaling.attention_factor if scaling is not None else 1.0
-        self.cos = (emb.cos() * gain).to(device)
-        self.sin = (emb.sin() * gain).to(device)
+        self.inv_freq = inverse_frequencies(head_dim, theta, scaling, max_positions)  # [head_dim / 2]
+        self.gain = scaling.attention_factor if scaling is not None else 1.0
+        self.max_positions, self.device = max_positions, device
+        self.cos = torch.empty(0, head_dim, device=device)  # [positions computed, head_dim]
+        self.sin = torch.empty(0, head_dim, device=device)
+
+    def _grow(self, needed: int) -> None:
+        """Compute the blocks up to the one holding position ``needed - 1`` (mutates)."""
+        blocks_cos, blocks_sin = [self.cos], [self.sin]
+        for start in range(self.cos.shape[0], min(needed, self.max_positions), BLOCK_POSITIONS):
+            end = min(start + BLOCK_POSITIONS, self.max_positions)
+            freqs = torch.arange(start, end, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
+            emb = torch.cat([freqs, freqs], dim=-1)  # [block, head_dim]
+            blocks_cos.append((emb.cos() * self.gain).to(self.device))
+            blocks_sin.append((emb.sin() * self.gain).to(self.device))
+        self.cos, self.sin = torch.cat(blocks_cos), torch.cat(blocks_sin)
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin rows for positions [T]: [T, 1, head_dim] each (compute once per step, use per layer)."""
+        if positions.numel():
+            needed = int(positions.max()) + 1
+            if needed > self.cos.shape[0]:
+                self._grow(needed)
         return self.cos[positions][:, None, :], self.sin[positions][:, None, :]
 
     @staticmethod
