@@ -11,6 +11,8 @@ and writes each one's outputs into its columns.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from engine.layers.linear import LinearWeight
@@ -37,12 +39,7 @@ class SegmentedLinear(LinearWeight):
         parts: list[QuantizedWeight], invariant: bool, dtype: torch.dtype, activations: str
     ) -> SegmentedLinear:
         """The segments of ``parts`` (in order): each run of consecutive parts of one type stacked."""
-        runs: list[list[QuantizedWeight]] = []
-        for part in parts:
-            if runs and runs[-1][0].qtype == part.qtype:
-                runs[-1].append(part)
-            else:
-                runs.append([part])
+        runs = (list(run) for _, run in itertools.groupby(parts, key=lambda part: part.qtype))
         return SegmentedLinear(
             [LinearWeight(QuantizedWeight.stack(run), invariant, dtype, activations) for run in runs]
         )

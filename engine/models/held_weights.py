@@ -9,6 +9,8 @@ through it. tests/engine/test_quantized_engine.py checks these counts against lo
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from engine.config import ModelConfig, dtype_bytes, parse_dtype
@@ -80,8 +82,10 @@ def _weight_bytes(
         kinds = [kind(name, k) for name, _ in parts]
         rows = sum(r for _, r in parts)
         if None not in kinds:  # quantized; parts of different types as segments (SegmentedLinear)
-            quantized.extend(dict.fromkeys(k for k in kinds if k is not None))
-            return sum(packed_bytes(qtype, run_rows, k) for qtype, run_rows in _runs(parts, kinds))
+            quantized.extend(dict.fromkeys(qtype for qtype in kinds if qtype is not None))
+            part_rows = [(qtype, n) for qtype, (_, n) in zip(kinds, parts, strict=True)]
+            runs = itertools.groupby(part_rows, key=lambda part: part[0])  # consecutive parts of one type
+            return sum(packed_bytes(str(qtype), sum(n for _, n in run), k) for qtype, run in runs)
         return (-(-rows // PANEL) * PANEL if packed else rows) * k * panel_width
 
     h, q, kv, inter = config.hidden_size, config.q_size, config.kv_size, config.intermediate_size
@@ -107,15 +111,3 @@ def _weight_bytes(
     if embedding_kind is None:
         return total, config.vocab_size * h * width, bool(quantized)
     return total, 0 if tied else packed_bytes(embedding_kind, config.vocab_size, h), bool(quantized)
-
-
-def _runs(parts: list[tuple[str, int]], kinds: list[str | None]) -> list[tuple[str, int]]:
-    """(type, rows) of each run of consecutive parts of one quantized type."""
-    runs: list[tuple[str, int]] = []
-    for (_, rows), qtype in zip(parts, kinds, strict=True):
-        assert qtype is not None
-        if runs and runs[-1][0] == qtype:
-            runs[-1] = (qtype, runs[-1][1] + rows)
-        else:
-            runs.append((qtype, rows))
-    return runs
