@@ -124,10 +124,12 @@ def _tool_checks(run: GateRun, engine: Engine, rng: random.Random, seed: int) ->
         except ValidationError:
             continue
         # parallel calls have no bound: a random-weight model may keep calling until max_tokens; its
-        # complete calls must still validate and what is left must be the next call begun (one call
-        # alone fits max_tokens, so there is one complete call at least)
+        # complete calls must still validate and what is left must be the next call begun, or nothing
+        # when max_tokens fell just after a call (one call alone fits max_tokens, so there is one
+        # complete call at least)
         stopped = out.finish_reason == "stop" and not rest
-        ended = stopped or (out.finish_reason == "length" and many and rest.startswith(fmt.open.strip()))
+        next_begun = not rest or rest.startswith(fmt.open.strip())
+        ended = stopped or (out.finish_reason == "length" and many and next_begun)
         cut += ended and out.finish_reason == "length"
         good += bool(calls) and ended and (choice == "required" or {c.name for c in calls} == {choice})
     run.check(
