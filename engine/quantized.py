@@ -11,10 +11,12 @@ for the kernels (engine/kernels/csrc/quantized.h), which compute with exactly th
                                                Q4_1: f16 d, f16 m, 16 bytes       (20 bytes per 32)
                                                Q4_K: f16 d, f16 dmin, 12 bytes of 6-bit scales and
                                                      mins, 128 bytes of nibbles   (144 bytes per 256)
+                                               Q5_K: as Q4_K, with 32 bytes of fifth bits before
+                                                     the nibbles                  (176 bytes per 256)
                                                Q6_K: 128 bytes low nibbles, 64 bytes high 2 bits,
                                                      16 int8 scales, f16 d        (210 bytes per 256)
     nibbles (Q4_0/Q4_1): byte j of a block holds element j in its low nibble and element j + 16 in its
-    high one. The K types' layouts are gguf's (gguf.quants.Q4_K / Q6_K); quant_pack.py reads them.
+    high one. The K types' layouts are gguf's (gguf.quants.Q4_K / Q5_K / Q6_K); quant_pack.py reads them.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ import numpy as np
 import torch
 
 BLOCK = 32  # elements per block of the 32-element types; every kept type's K is a multiple of it
-BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q4_K": 144, "Q6_K": 210}
-BLOCK_ELEMENTS = {"Q8_0": 32, "Q4_0": 32, "Q4_1": 32, "Q4_K": 256, "Q6_K": 256}
+BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q4_K": 144, "Q6_K": 210, "Q5_K": 176}
+BLOCK_ELEMENTS = {"Q8_0": 32, "Q4_0": 32, "Q4_1": 32, "Q4_K": 256, "Q6_K": 256, "Q5_K": 256}
 QTYPES = tuple(BLOCK_BYTES)
 
 
@@ -94,7 +96,7 @@ def dense(weight: torch.Tensor | QuantizedWeight) -> torch.Tensor:
 
 
 # where each K type keeps its float16 super-block scales (the rest of a block is any bytes)
-SCALE_FIELDS = {"Q4_K": (0, 2), "Q6_K": (208,)}
+SCALE_FIELDS = {"Q4_K": (0, 2), "Q6_K": (208,), "Q5_K": (0, 2)}
 
 
 def sample_weight(

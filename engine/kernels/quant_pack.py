@@ -19,12 +19,15 @@ one super-tile of 3360 bytes (16 x 210): a header of the 16 rows' float16 D, the
 (one per 16 k, [16 sub-blocks][16 rows]); then 8 block tiles of the 6-bit quants u = q + 32 in two planes,
 the low 4 bits as Q4's nibbles (256 bytes) and the high 2 bits (128 bytes: row k's 4 bytes hold column c
 at bits 2c of a little-endian word). The kernels form the half block's scale D * sc (exact: 11 bits times
-8) and q = u - 32 in registers.
+8) and q = u - 32 in registers. Q5_K is held at the file's size as Q5S: Q4S with a fifth bit, each block
+tile followed by a bit plane of 64 bytes (row k's 2 bytes hold column c at bit c of a little-endian
+word), u = nibble | bit << 4: 2816 bytes per super-tile (16 x 176).
 
 For integer activations (engine/kernels/csrc/qdot.h) the same tiles hold their quants in the dot
 layout: k in quads of 4, each column's quad 4 bytes in a row (Q8: q ^ 0x80; Q4: quad j in the low
 nibbles of chunk j, quad j + 4 in the high ones; Q8S: its low plane as Q4's, its high plane as 2 chunks
-of 16 columns x 4 bytes, quad 4h + t's 2-bit values at bits 2t of chunk h). Same bytes, same scales. The format says which
+of 16 columns x 4 bytes, quad 4h + t's 2-bit values at bits 2t of chunk h; Q5S: its low plane as Q4's,
+its bit plane as 16 columns x 4 bytes, quad j's bits at bit j). Same bytes, same scales. The format says which
 inputs meet it: format + DOT int8 activations, format + WIDE (the same layout) int16 ones.
 """
 
@@ -37,13 +40,13 @@ import torch
 from engine.quantized import BLOCK, QuantizedWeight
 
 PANEL = 16
-Q8, Q4, Q4S, Q8S = 0, 1, 2, 3  # quantized.h QFormat
-DOT = 4  # qdot.h: format + DOT is the format in the dot layout (int8 activations)
-WIDE = 8  # qdot.h: format + WIDE is the dot layout with int16 activations
+Q8, Q4, Q4S, Q8S, Q5S = 0, 1, 2, 3, 4  # quantized.h QFormat
+DOT = 5  # qdot.h: format + DOT is the format in the dot layout (int8 activations); the base formats' count
+WIDE = 2 * DOT  # qdot.h: format + WIDE is the dot layout with int16 activations
 # EngineConfig.activations -> format offset ("mixed": int16, int8 for context rows, the same bytes)
 ACTIVATION_OFFSET = {"float": 0, "int8": DOT, "int16": WIDE, "mixed": WIDE}
 QUADS = BLOCK // 4
-FORMAT_OF = {"Q8_0": Q8, "Q4_0": Q4, "Q4_1": Q4, "Q4_K": Q4S, "Q6_K": Q8S}
+FORMAT_OF = {"Q8_0": Q8, "Q4_0": Q4, "Q4_1": Q4, "Q4_K": Q4S, "Q6_K": Q8S, "Q5_K": Q5S}
 SCALE_BYTES = PANEL * 2  # 16 float16 scales (or mins)
 WIDE_SCALE_BYTES = PANEL * 4  # 16 float32 scales (or mins)
 SUPER = 8  # Q4S: blocks of 32 per super-block (Q4_K's 256 k)
@@ -53,16 +56,24 @@ TILE_BYTES = {  # per block of 32 k (Q4S: after its super-tile's header)
     Q4: 2 * SCALE_BYTES + BLOCK * PANEL // 2,
     Q4S: PANEL + BLOCK * PANEL // 2,
     Q8S: BLOCK * PANEL // 2 + BLOCK * PANEL // 4,  # the quants' low and high planes
+    Q5S: PANEL + BLOCK * PANEL // 2 + BLOCK * PANEL // 8,  # Q4S's, then the bit plane
 }
 Q8S_HEAD = SCALE_BYTES + 2 * SUPER * PANEL  # D float16 [16]; int8 sub-scales [16][16]
-LOW_PLANE = BLOCK * PANEL // 2  # Q8S: a block tile's low 4-bit plane, before its 2-bit one
+LOW_PLANE = BLOCK * PANEL // 2  # Q8S, Q5S: a block tile's low 4-bit plane, before its high one
 GROUP = {
     Q8: 1,
     Q4: 1,
     Q4S: SUPER,
     Q8S: SUPER,
+    Q5S: SUPER,
 }  # blocks per (super-)tile of the packed tensor's last dimension
-HEAD = {Q8: 0, Q4: 0, Q4S: Q4S_HEAD, Q8S: Q8S_HEAD}  # a super-tile's header before its block tiles
+HEAD = {
+    Q8: 0,
+    Q4: 0,
+    Q4S: Q4S_HEAD,
+    Q8S: Q8S_HEAD,
+    Q5S: Q4S_HEAD,
+}  # a super-tile's header before its block tiles
 
 
 def super_bytes(fmt: int) -> int:
@@ -106,25 +117,62 @@ def _nibble_tiles(d: torch.Tensor, m: torch.Tensor, values: torch.Tensor, panels
 def _pack_q4_k(weight: QuantizedWeight, panels: int) -> torch.Tensor:
     """Q4_K blocks as Q4S super-tiles [P, K / 256, 2304] (the module docstring): the float16 d and dmin,
     the 6-bit sub-scales and sub-mins split in low and high bits (gguf's own unpacking), the nibbles."""
-    n, k = weight.shape
-    raw = weight.blocks  # [N, K / 256, 144]
+    return _pack_k4_head(weight, panels, _k4_nibbles(weight.blocks[..., 16:]), Q4S)
+
+
+def _pack_q5_k(weight: QuantizedWeight, panels: int) -> torch.Tensor:
+    """Q5_K blocks as Q5S super-tiles [P, K / 256, 2816]: Q4S's, with each value's fifth bit (gguf's
+    layout: bit s of the 32 qh bytes belongs to sub-block s) in a bit plane after the block's nibbles."""
+    raw = weight.blocks  # [N, K / 256, 176]: d, dmin, 12 bytes of scales, qh[32], qs[128]
+    qh = raw[..., 16:48].unsqueeze(2)  # [N, ns, 1, 32]
+    fifth = (qh >> torch.arange(SUPER, dtype=torch.uint8).view(1, 1, SUPER, 1)) & 0x01  # [N, ns, 8, 32]
+    values = _k4_nibbles(raw[..., 48:]) | (fifth.reshape(weight.shape[0], -1, BLOCK) << 4)
+    return _pack_k4_head(weight, panels, values, Q5S)
+
+
+def _k4_nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """Q4_K / Q5_K quant bytes [N, ns, 128] -> their 4-bit values [N, nb, 32] (4 chunks of 32 bytes:
+    sub-block 2i in chunk i's low nibbles, 2i + 1 in its high ones)."""
+    n, supers = qs.shape[:2]
+    chunks = qs.reshape(n, supers, 4, 1, 32)
+    return torch.cat([chunks & 0x0F, chunks >> 4], dim=3).reshape(n, supers * SUPER, BLOCK)
+
+
+def _pack_k4_head(weight: QuantizedWeight, panels: int, values: torch.Tensor, fmt: int) -> torch.Tensor:
+    """Super-tiles of ``fmt`` (Q4S, Q5S) from K-type blocks that open with Q4_K's d, dmin and 12 bytes of
+    6-bit scales, and their values [N, nb, 32] (0..15; Q5S 0..31, the fifth bit in a bit plane)."""
+    n = weight.shape[0]
+    raw = weight.blocks  # [N, K / 256, block bytes]
     supers = raw.shape[1]
     sc, mn = gguf.quants.Q4_K.get_scale_min(raw[..., 4:16].reshape(-1, 12).numpy())  # [N * ns, 8] each
     sc_t = torch.from_numpy(sc.astype(np.uint8)).view(n, supers, SUPER)
     mn_t = torch.from_numpy(mn.astype(np.uint8)).view(n, supers, SUPER)
     low = ((sc_t & 0x0F) | ((mn_t & 0x0F) << 4)).reshape(n, supers * SUPER)  # [N, nb]
     high = (sc_t >> 4) | ((mn_t >> 4) << 2)  # [N, ns, 8], 0..15
-    qs = raw[..., 16:].reshape(n, supers, 4, 1, 32)  # 4 chunks of 32 bytes: low nibbles, then high
-    values = torch.cat([qs & 0x0F, qs >> 4], dim=3).reshape(n, supers * SUPER, BLOCK)  # [N, nb, 32]
     v = _by_panel(values, panels).permute(0, 2, 3, 1)  # [P, nb, 32, 16]
-    nibbles = v[..., : PANEL // 2] | (v[..., PANEL // 2 :] << 4)  # [P, nb, 32, 8]
-    tiles = torch.cat([_by_panel(low, panels).transpose(1, 2), _as_bytes(nibbles)], dim=-1)  # [P, nb, 272]
+    nibbles = (v[..., : PANEL // 2] & 0x0F) | ((v[..., PANEL // 2 :] & 0x0F) << 4)  # [P, nb, 32, 8]
+    parts = [_by_panel(low, panels).transpose(1, 2), _as_bytes(nibbles)]  # [P, nb, 16], [P, nb, 256]
+    if fmt == Q5S:
+        parts.append(_bit_rows(v >> 4))  # [P, nb, 64]
+    tiles = torch.cat(parts, dim=-1)  # [P, nb, tile bytes]
     scales = [_as_bytes(_by_panel(_f16(raw[..., at : at + 2]), panels).transpose(1, 2)) for at in (0, 2)]
     h = _by_panel(high, panels).permute(0, 2, 3, 1)  # [P, ns, 8, 16]
     high_nibbles = (h[..., : PANEL // 2] | (h[..., PANEL // 2 :] << 4)).reshape(
         panels, supers, -1
     )  # [P, ns, 64]
-    return _join(torch.cat([*scales, high_nibbles], dim=-1), tiles, Q4S)
+    return _join(torch.cat([*scales, high_nibbles], dim=-1), tiles, fmt)
+
+
+def _bit_rows(bits: torch.Tensor) -> torch.Tensor:
+    """[..., 32, 16] values 0..1 -> [..., 64] bytes: row k's 2 bytes hold column c at bit c."""
+    by = bits.reshape(*bits.shape[:-1], 2, 8) << torch.arange(8, dtype=torch.uint8)  # [..., 32, 2, 8]
+    return by.sum(dim=-1, dtype=torch.uint8).reshape(*bits.shape[:-2], -1)
+
+
+def _bit_values(plane: torch.Tensor) -> torch.Tensor:
+    """The inverse of _bit_rows: [..., 64] bytes -> [..., 32, 16] values 0..1."""
+    by = plane.reshape(*plane.shape[:-1], BLOCK, 2, 1)
+    return ((by >> torch.arange(8, dtype=torch.uint8)) & 0x01).reshape(*plane.shape[:-1], BLOCK, PANEL)
 
 
 def _join(head: torch.Tensor, tiles: torch.Tensor, fmt: int) -> torch.Tensor:
@@ -205,8 +253,8 @@ def _two_bit_values(plane: torch.Tensor) -> torch.Tensor:
 
 
 def _header_bytes(fmt: int) -> int:
-    """Bytes of a block tile's scales, before its quants (Q4S: the sub-scales' low bits; Q8S: none)."""
-    return {Q8: SCALE_BYTES, Q4: 2 * SCALE_BYTES, Q4S: PANEL, Q8S: 0}[fmt]
+    """Bytes of a block tile's scales, before its quants (Q4S, Q5S: the sub-scales' low bits; Q8S: none)."""
+    return {Q8: SCALE_BYTES, Q4: 2 * SCALE_BYTES, Q4S: PANEL, Q8S: 0, Q5S: PANEL}[fmt]
 
 
 def to_dot_layout(packed: torch.Tensor, fmt: int) -> torch.Tensor:
@@ -230,6 +278,11 @@ def _tiles_to_dot_layout(tiles: torch.Tensor, fmt: int) -> torch.Tensor:
         by_quad = high.reshape(*lead, 2, 4, 4, PANEL).movedim(-1, -3).transpose(-1, -2)  # [..., h, c, i, t]
         chunks = (by_quad << (2 * torch.arange(4, dtype=torch.uint8))).sum(dim=-1, dtype=torch.uint8)
         return torch.cat([_nibbles_to_dot(low), chunks.reshape(*lead, -1)], dim=-1)
+    if fmt == Q5S:  # the low plane as Q4's nibbles; the bit plane by column and quad input, quad j at bit j
+        bits = _bit_values(body[..., LOW_PLANE:]).reshape(*lead, QUADS, 4, PANEL)  # [..., j, i, c]
+        by_input = bits.permute(*range(len(lead)), -1, -2, -3) << torch.arange(QUADS, dtype=torch.uint8)
+        plane = by_input.sum(dim=-1, dtype=torch.uint8).reshape(*lead, -1)  # [..., 16 x 4]
+        return torch.cat([head, _nibbles_to_dot(body[..., :LOW_PLANE]), plane], dim=-1)
     return torch.cat([head, _nibbles_to_dot(body)], dim=-1)
 
 
@@ -245,6 +298,11 @@ def _from_dot_layout(tiles: torch.Tensor, fmt: int) -> torch.Tensor:
         by_quad = (chunks >> (2 * torch.arange(4, dtype=torch.uint8))) & 0x03  # [..., h, c, i, t]
         high = by_quad.transpose(-1, -2).movedim(-3, -1).reshape(*lead, BLOCK, PANEL)
         return torch.cat([_nibbles_from_dot(body[..., :LOW_PLANE]), _two_bit_rows(high)], dim=-1)
+    if fmt == Q5S:
+        by_input = body[..., LOW_PLANE:].reshape(*lead, PANEL, 4, 1)  # [..., c, i, 1]
+        bits = (by_input >> torch.arange(QUADS, dtype=torch.uint8)) & 0x01  # [..., c, i, j]
+        rows = bits.permute(*range(len(lead)), -1, -2, -3).reshape(*lead, BLOCK, PANEL)
+        return torch.cat([head, _nibbles_from_dot(body[..., :LOW_PLANE]), _bit_rows(rows)], dim=-1)
     return torch.cat([head, _nibbles_from_dot(body)], dim=-1)
 
 
@@ -282,6 +340,8 @@ def _pack(weight: QuantizedWeight) -> tuple[int, torch.Tensor]:
         return Q4S, _pack_q4_k(weight, panels)
     if weight.qtype == "Q6_K":
         return Q8S, _pack_q6_k(weight, panels)
+    if weight.qtype == "Q5_K":
+        return Q5S, _pack_q5_k(weight, panels)
     raw = weight.blocks  # [N, nb, block bytes]
     d = _by_panel(_f16(raw[..., 0:2]), panels).transpose(1, 2)  # [P, nb, 16]
     if weight.qtype == "Q8_0":
@@ -325,6 +385,10 @@ def _tile_parts(packed: torch.Tensor, fmt: int) -> tuple[torch.Tensor, torch.Ten
         d16, m16 = _q4s_scales(head, tiles[..., :PANEL])  # [..., nb, 16] each
         d, second = d16.unsqueeze(-2), m16.unsqueeze(-2)
         body = tiles[..., PANEL:]
+        if fmt == Q5S:
+            nibbles = body[..., :LOW_PLANE].reshape(*lead, BLOCK, PANEL // 2)
+            u = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1) | (_bit_values(body[..., LOW_PLANE:]) << 4)
+            return d.expand(*lead, BLOCK, PANEL), second, u.float()
     else:
         scale_bytes = 2 * SCALE_BYTES if fmt == Q4 else SCALE_BYTES  # Q4: d then m; Q8: d only
         halves = tiles[..., :scale_bytes].contiguous().view(torch.float16).float()  # [..., nb, 16 or 32]

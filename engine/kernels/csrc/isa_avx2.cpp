@@ -48,15 +48,20 @@ inline __m256i quad_of(const uint8_t* quants, int64_t j, int h) {
                                             _mm256_set1_epi8(0x03));
       return _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
     }
+    if constexpr (F == kQ5S) {  // u = low | bit j of the plane's byte << 4 (0..31)
+      const auto* at = reinterpret_cast<const __m256i*>(quants + kLowPlane + h * 32);
+      const __m256i high = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256(at), static_cast<int>(j)), _mm256_set1_epi8(0x01));
+      return _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+    }
     return low;
   }
 }
 
-// half h's 8 scales of a block's scale header (block_head: Q4, Q4S: which = 1 gives the mins; Q8S: the
-// second half block's scales)
+// half h's 8 scales of a block's scale header (block_head: Q4, Q4S, Q5S: which = 1 gives the mins; Q8S:
+// the second half block's scales)
 template <int F>
 inline __m256 scales_of(const uint8_t* tile, int which, int h) {
-  if constexpr (F == kQ4S || F == kQ8S) return _mm256_loadu_ps(reinterpret_cast<const float*>(tile) + which * kPanel + h * 8);
+  if constexpr (has_formed_scales(F)) return _mm256_loadu_ps(reinterpret_cast<const float*>(tile) + which * kPanel + h * 8);
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tile + which * kScaleBytes + h * 16)));
 }
 
@@ -74,11 +79,11 @@ inline __m256i bytes8_at(const uint8_t* p) {  // 8 unsigned bytes widened
 
 template <int F>
 inline const uint8_t* block_head8(const uint8_t* panel, int64_t b, float* buf) {
-  if constexpr (F % kBaseFormats == kQ4S) {
-    const uint8_t* super = panel + (b / kSuperBlocks) * group_bytes(kQ4S);
+  if constexpr (has_k4_head(F)) {
+    const uint8_t* super = panel + (b / kSuperBlocks) * group_bytes(F);
     const int64_t j = b % kSuperBlocks;
     const __m256i high8 = bytes8_at(super + 2 * kScaleBytes + j * (kPanel / 2));
-    const uint8_t* low16 = super + kQ4SHead + j * tile_bytes(kQ4S);
+    const uint8_t* low16 = super + kQ4SHead + j * tile_bytes(F);
     const __m256i four = _mm256_set1_epi32(0x0F), three = _mm256_set1_epi32(0x03);
     for (int h = 0; h < 2; ++h) {  // columns 8h .. 8h + 7
       const __m256i high = h == 0 ? _mm256_and_si256(high8, four) : _mm256_srli_epi32(high8, 4);
@@ -146,7 +151,7 @@ void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t m, f
             pairs[r][0] = _mm256_add_epi16(pairs[r][0], _mm256_maddubs_epi16(w0, x4));
             pairs[r][1] = _mm256_add_epi16(pairs[r][1], _mm256_maddubs_epi16(w1, x4));
           }
-        } else if constexpr (F == kQ8S) {  // u <= 63: a pair sum fits 16 bits, a block's would not
+        } else if constexpr (F == kQ8S || F == kQ5S) {  // u <= 63: a pair sum fits 16 bits, a block's would not
           const __m256i ones = _mm256_set1_epi16(1);
           for (int r = 0; r < R; ++r) {
             const __m256i x4 = _mm256_set1_epi32(xw[r][j]);
@@ -176,7 +181,7 @@ void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t m, f
             exact = _mm256_sub_epi32(exact, _mm256_set1_epi32(32 * xsum));
           const __m256 scale = _mm256_mul_ps(scales_of<F>(tile, pass, h), _mm256_set1_ps(dx));
           acc[r][h] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(exact), acc[r][h]);
-          if constexpr (F == kQ4 || F == kQ4S)
+          if constexpr (has_min(F))
             acc[r][h] = _mm256_fmadd_ps(scales_of<F>(tile, 1, h), _mm256_set1_ps(dx * static_cast<float>(xsum)),
                                         acc[r][h]);
         }

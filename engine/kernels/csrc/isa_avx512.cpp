@@ -158,7 +158,7 @@ struct QTile16 {
   QTile16(const uint8_t* panel, int64_t b) : quants(block_quants<F>(panel, b)) {
     alignas(64) float buf[2 * kPanel];
     const uint8_t* head = block_head16<F>(panel, b, buf);
-    if constexpr (F == kQ4S || F == kQ8S) {
+    if constexpr (has_formed_scales(F)) {
       d = _mm512_loadu_ps(reinterpret_cast<const float*>(head));
       m = _mm512_loadu_ps(reinterpret_cast<const float*>(head + kWideScaleBytes));
     } else if constexpr (F == kQ4) {
@@ -187,6 +187,14 @@ struct QTile16 {
     } else {  // byte j: column j in its low nibble, column j + 8 in its high one
       const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(quants + kk * (kPanel / 2)));
       const __m128i both = _mm_and_si128(_mm_unpacklo_epi64(bytes, _mm_srli_epi16(bytes, 4)), _mm_set1_epi8(0x0F));
+      if constexpr (F == kQ5S) {  // the fifth bit: column c at bit c of row kk's 2 plane bytes
+        uint16_t word;
+        std::memcpy(&word, quants + kLowPlane + kk * 2, 2);
+        const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const __m512i high = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(word), lanes), _mm512_set1_epi32(1));
+        const __m512i u = _mm512_or_si512(_mm512_cvtepu8_epi32(both), _mm512_slli_epi32(high, 4));
+        return _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), d, m);
+      }
       return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(both)), d, m);
     }
   }

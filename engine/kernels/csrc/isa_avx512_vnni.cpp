@@ -36,11 +36,11 @@ int64_t dot_row_block(int64_t K, int64_t panels_bytes) {
   return std::max<int64_t>(kDotRows, rows / kDotRows * kDotRows);
 }
 
-// a block's 16 scales from its scale header (block_head: Q4, Q4S: which = 1 gives the mins; Q8S: the
-// second half block's scales)
+// a block's 16 scales from its scale header (block_head: Q4, Q4S, Q5S: which = 1 gives the mins; Q8S:
+// the second half block's scales)
 template <int F>
 inline __m512 scales_of(const uint8_t* tile, int which) {
-  if constexpr (F == kQ4S || F == kQ8S) return _mm512_loadu_ps(reinterpret_cast<const float*>(tile) + which * kPanel);
+  if constexpr (has_formed_scales(F)) return _mm512_loadu_ps(reinterpret_cast<const float*>(tile) + which * kPanel);
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + which * kScaleBytes)));
 }
 
@@ -54,6 +54,11 @@ inline __m512i quad_of(const uint8_t* quants, int64_t j) {
     const __m512i plane = _mm512_loadu_si512(quants + kLowPlane + (j / 4) * kQuadRowBytes);
     const __m512i high = _mm512_and_si512(_mm512_srli_epi16(plane, static_cast<unsigned>(2 * (j % 4))), _mm512_set1_epi8(0x03));
     return _mm512_or_si512(low, _mm512_slli_epi16(high, 4));
+  }
+  if constexpr (F == kQ5S) {  // u = low + 16 where bit j of the plane's byte is set (0..31)
+    const __m512i plane = _mm512_loadu_si512(quants + kLowPlane);
+    const __mmask64 fifth = _mm512_test_epi8_mask(plane, _mm512_set1_epi8(static_cast<char>(1 << j)));
+    return _mm512_mask_add_epi8(low, fifth, low, _mm512_set1_epi8(16));
   }
   return low;
 }
@@ -112,7 +117,7 @@ void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t pane
       __m512 d[P], mins[P];  // the block's scales (and mins), once for all the rows
       for (int p = 0; p < P; ++p) {
         d[p] = scales_of<F>(tile[p], pass);
-        if constexpr (F == kQ4 || F == kQ4S) mins[p] = scales_of<F>(tile[p], 1);
+        if constexpr (has_min(F)) mins[p] = scales_of<F>(tile[p], 1);
       }
       for (int r = 0; r < R; ++r) {
         const float dx = a.d[(m + r) * nb + b];
@@ -124,7 +129,7 @@ void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t pane
           __m512i exact = is[r][p];
           if constexpr (kWeightBias<F> != 0) exact = _mm512_sub_epi32(exact, _mm512_set1_epi32(kWeightBias<F> * xsum));
           acc[r][p] = _mm512_fmadd_ps(_mm512_mul_ps(d[p], dxv), _mm512_cvtepi32_ps(exact), acc[r][p]);
-          if constexpr (F == kQ4 || F == kQ4S) acc[r][p] = _mm512_fmadd_ps(mins[p], cx, acc[r][p]);
+          if constexpr (has_min(F)) acc[r][p] = _mm512_fmadd_ps(mins[p], cx, acc[r][p]);
         }
       }
     }

@@ -7,7 +7,7 @@
 //                        s  = sum of qx over each half block (16 k)   (exact integers)
 //   per output (m, n), blocks b = 0, 1, ... in order, acc from 0:
 //     Q8, Q8S halves   acc = fma(d * dx, float(sum_k q * qx), acc)          (one fma per scale)
-//     Q4, Q4S          acc = fma(d * dx, float(sum_k q * qx), acc);  acc = fma(m, dx * float(s), acc)
+//     Q4, Q4S, Q5S     acc = fma(d * dx, float(sum_k q * qx), acc);  acc = fma(m, dx * float(s), acc)
 //
 // The integer sums are exact however an instruction set forms them (VNNI, pairs of 16-bit products,
 // scalar loops), the row's quantization reads the row alone, and the float operations per output are
@@ -22,6 +22,8 @@
 //              the high nibbles (0..15, unsigned)
 //   Q8SD       the 6-bit u = q + 32: its low 4 bits as Q4D (256 bytes), then its high 2 bits in 2 chunks
 //              x 16 columns x 4 bytes, quad 4h + t at bits 2t of chunk h; the sums are corrected by 32 * sum(qx)
+//   Q5SD       the 5-bit u: its low 4 bits as Q4D (256 bytes), then its fifth bit in 16 columns x 4 bytes,
+//              quad j at bit j
 // Format f + 4 multiplies int8 activations, f + 8 (the same bytes) int16 ones. Int16 activations are
 // stored with each quad's middle two swapped (x0 x2 x1 x3): a weight quad's even bytes (k0, k2) and
 // odd bytes (k1, k3), widened to 16 bits where they lie, then meet their inputs pair by pair.
@@ -37,8 +39,8 @@
 namespace nxk {
 
 constexpr int kDotFormats = kBaseFormats;  // format f + kDotFormats is format f in the dot layout
-enum QDotFormat : int { kQ8D = kQ8 + kDotFormats, kQ4D, kQ4SD, kQ8SD };
-enum QWideFormat : int { kQ8W = kQ8 + 2 * kDotFormats, kQ4W, kQ4SW, kQ8SW };  // the dot layout, int16 inputs
+enum QDotFormat : int { kQ8D = kQ8 + kDotFormats, kQ4D, kQ4SD, kQ8SD, kQ5SD };
+enum QWideFormat : int { kQ8W = kQ8 + 2 * kDotFormats, kQ4W, kQ4SW, kQ8SW, kQ5SW };  // the dot layout, int16 inputs
 constexpr int kFormats = 3 * kBaseFormats;  // every format value: base, dot layout (int8, int16 inputs)
 constexpr int64_t kQuads = kQBlock / 4;                 // 4-byte groups of k per block
 constexpr int64_t kQuadRowBytes = kPanel * 4;          // one quad of 16 columns (64 bytes)
@@ -58,6 +60,7 @@ inline int32_t dot_quant(const uint8_t* quants, int64_t k, int64_t c) {
     const int32_t high = (quants[kLowPlane + ((j / 4) * kPanel + c) * 4 + i] >> (2 * (j % 4))) & 0x03;
     return (low | (high << 4)) - 32;
   }
+  if constexpr (F == kQ5S) return low | (((quants[kLowPlane + c * 4 + i] >> j) & 0x01) << 4);
   return low;
 }
 
@@ -135,14 +138,14 @@ void qdot_panels(const QActsOf<Q>& a, int64_t M, int64_t K, const uint8_t* packe
           for (int64_t j = 0; j < kQuads; ++j)
             for (int64_t i = 0; i < 4; ++i)
               half[j / (kQuads / 2)] += dot_quant<F>(quants, j * 4 + i, c) * xq[j * 4 + quad_slot<Q>(i)];
-          // Q4, Q4S: d and m; Q8S: the two halves' scales
+          // Q4, Q4S, Q5S: d and m; Q8S: the two halves' scales
           const float d0 = tile_field<F>(tile, 0, c), d1 = tile_field<F>(tile, 1, c);
           if constexpr (F == kQ8S) {
             acc[c] = std::fma(d0 * dx, static_cast<float>(half[0]), acc[c]);
             acc[c] = std::fma(d1 * dx, static_cast<float>(half[1]), acc[c]);
           } else {
             acc[c] = std::fma(d0 * dx, static_cast<float>(half[0] + half[1]), acc[c]);
-            if constexpr (F == kQ4 || F == kQ4S) acc[c] = std::fma(d1, dx * static_cast<float>(s[0] + s[1]), acc[c]);
+            if constexpr (has_min(F)) acc[c] = std::fma(d1, dx * static_cast<float>(s[0] + s[1]), acc[c]);
           }
         }
       }

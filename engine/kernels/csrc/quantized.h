@@ -17,11 +17,14 @@
 //        float16, then sc[16][16] int8 (sub-block of 16 k, column), then the 8 block tiles: the 6-bit
 //        quants u = q + 32 as a low plane, u & 15 in q[32][8] bytes as Q4 (256), and a high plane, u >> 4
 //        in 2 bits (128: row k's 4 bytes hold column c at bits 2c).  w = (u - 32) * D * sc
+//   Q5S  Q5_K at the file's size: Q4S with a fifth bit (2816 bytes per super-tile, 16 x 176): the header and
+//        each block tile's sub-scale bytes and nibbles as Q4S's, then a bit plane of 64 bytes (row k's 2
+//        bytes hold column c at bit c): u = nibble | bit << 4 (0..31).  w = fma(u, d, m) as Q4S
 // GGUF's Q8_0 is Q8; Q4_1 is Q4 with its own min m; Q4_0 is Q4 with m = -8 d. Every product q * d is
 // exact in float32 (an 11-bit f16 scale times at most 8 bits), so fma(q, d, m) is gguf's d * q + m.
 // Q4_K is Q4S: its sub-block scale d = D * sc and min m = -(Dmin * mn) are exact float32 products (11
 // bits times 6), formed per block in registers (block_head), and q * d is exact (21 bits), so fma(q, d, m)
-// is gguf's d * q - dm. Q6_K is Q8S: a scale per 16 k, D * sc exact (11 bits times 8) and formed per block
+// is gguf's d * q - dm; Q5_K's Q5S the same with u <= 31 (q * d at most 22 bits). Q6_K is Q8S: a scale per 16 k, D * sc exact (11 bits times 8) and formed per block
 // in registers too, q * d exact (at most 24 bits).
 #pragma once
 
@@ -36,7 +39,16 @@ namespace nxk {
 constexpr int64_t kQBlock = 32;  // k per quantization block (GGUF's QK8_0, QK4_0, QK4_1)
 // The base formats, one per weight type; the kernel tables (table.h) hold one entry per base format and
 // route, filled by a loop over them: a new weight type is a new value here (before kBaseFormats).
-enum QFormat : int { kQ8 = 0, kQ4 = 1, kQ4S = 2, kQ8S = 3, kBaseFormats };
+enum QFormat : int { kQ8 = 0, kQ4 = 1, kQ4S = 2, kQ8S = 3, kQ5S = 4, kBaseFormats };
+
+// What a base format's block carries: a min per column (w = fma(q, d, m)); Q4_K's header of a super-block
+// scale and min with 6-bit sub-scales and sub-mins (Q4S, Q5S); scales formed per block as float32 (the K types)
+constexpr bool has_min(int64_t format) {
+  const int64_t f = format % kBaseFormats;
+  return f == kQ4 || f == kQ4S || f == kQ5S;
+}
+constexpr bool has_k4_head(int64_t format) { return format % kBaseFormats == kQ4S || format % kBaseFormats == kQ5S; }
+constexpr bool has_formed_scales(int64_t format) { return has_k4_head(format) || format % kBaseFormats == kQ8S; }
 
 constexpr int64_t kScaleBytes = kPanel * 2;  // 16 float16 scales (or mins)
 constexpr int64_t kWideScaleBytes = kPanel * 4;  // 16 float32 scales (or mins)
@@ -44,7 +56,7 @@ constexpr int64_t kWideScaleBytes = kPanel * 4;  // 16 float32 scales (or mins)
 constexpr int64_t kSuperBlocks = 8;  // Q4S: blocks per super-block (GGUF's QK_K = 256 k)
 constexpr int64_t kQ4SHead = 2 * kScaleBytes + kSuperBlocks * kPanel / 2;  // a Q4S super-tile's header
 constexpr int64_t kQ8SHead = kScaleBytes + 2 * kSuperBlocks * kPanel;  // a Q8S super-tile's header
-constexpr int64_t kLowPlane = kQBlock * kPanel / 2;  // Q8S: a block tile's low plane, before its high one
+constexpr int64_t kLowPlane = kQBlock * kPanel / 2;  // Q8S, Q5S: a block tile's low plane, before its high one
 
 // Bytes of one block's tile (Q4S: after its super-tile's header). Format + kBaseFormats, the same tile in qdot.h's
 // dot layout, has the same size.
@@ -53,17 +65,18 @@ constexpr int64_t tile_bytes(int64_t format) {
   return f == kQ8    ? kScaleBytes + kQBlock * kPanel
          : f == kQ4  ? 2 * kScaleBytes + kQBlock * kPanel / 2
          : f == kQ4S ? kPanel + kQBlock * kPanel / 2
+         : f == kQ5S ? kPanel + kLowPlane + kQBlock * kPanel / 8
                      : kLowPlane + kQBlock * kPanel / 4;
 }
 // Bytes of a tile's own header, before its quants (Q4S: the low bits of its sub-scales and sub-mins)
 constexpr int64_t scale_bytes(int64_t format) {
   const int64_t f = format % kBaseFormats;
-  return f == kQ8 ? kScaleBytes : f == kQ4 ? 2 * kScaleBytes : f == kQ4S ? kPanel : 0;
+  return f == kQ8 ? kScaleBytes : f == kQ4 ? 2 * kScaleBytes : has_k4_head(f) ? kPanel : 0;
 }
 // Blocks per entry of a packed weight's last dimension, and that entry's bytes (a super-tile for the K types)
 constexpr int64_t group_blocks(int64_t format) { return format % kBaseFormats >= kQ4S ? kSuperBlocks : 1; }
 constexpr int64_t group_head(int64_t format) {
-  return format % kBaseFormats == kQ4S ? kQ4SHead : format % kBaseFormats == kQ8S ? kQ8SHead : 0;
+  return has_k4_head(format) ? kQ4SHead : format % kBaseFormats == kQ8S ? kQ8SHead : 0;
 }
 constexpr int64_t group_bytes(int64_t format) { return group_head(format) + group_blocks(format) * tile_bytes(format); }
 // Bytes of one panel of a [N, K] weight
@@ -88,14 +101,15 @@ static inline const uint8_t* block_quants(const uint8_t* panel, int64_t b) {
   return tile_at<F>(panel, b) + scale_bytes(F);
 }
 
-// Q4S block b's scales and mins per column, as float32 d[16] then m[16] into out: d = D * sc and
+// Q4S (Q5S) block b's scales and mins per column, as float32 d[16] then m[16] into out: d = D * sc and
 // m = -(Dmin * mn), exact products whichever instruction forms them
+template <int F>
 static inline void q4s_block_scales(const uint8_t* panel, int64_t b, float* out) {
-  const uint8_t* super = panel + (b / kSuperBlocks) * group_bytes(kQ4S);
+  const uint8_t* super = panel + (b / kSuperBlocks) * group_bytes(F);
   const int64_t j = b % kSuperBlocks;
   const uint16_t* d = reinterpret_cast<const uint16_t*>(super);
   const uint8_t* high = super + 2 * kScaleBytes + j * (kPanel / 2);
-  const uint8_t* low = super + kQ4SHead + j * tile_bytes(kQ4S);
+  const uint8_t* low = super + kQ4SHead + j * tile_bytes(F);
   for (int64_t c = 0; c < kPanel; ++c) {
     const int h = c < kPanel / 2 ? high[c] & 0x0F : high[c - kPanel / 2] >> 4;
     const int sc = (low[c] & 0x0F) | ((h & 0x03) << 4), mn = (low[c] >> 4) | ((h >> 2) << 4);
@@ -121,8 +135,8 @@ static inline void q8s_block_scales(const uint8_t* panel, int64_t b, float* out)
 // the second half block's scales): the same header the readers below take for every float32 scale.
 template <int F>
 static inline const uint8_t* block_head(const uint8_t* panel, int64_t b, float* buf) {
-  if constexpr (F % kBaseFormats == kQ4S) {
-    q4s_block_scales(panel, b, buf);
+  if constexpr (has_k4_head(F)) {
+    q4s_block_scales<F % kBaseFormats>(panel, b, buf);
     return reinterpret_cast<const uint8_t*>(buf);
   } else if constexpr (F % kBaseFormats == kQ8S) {
     q8s_block_scales(panel, b, buf);
@@ -136,11 +150,16 @@ static inline int32_t q8s_high(const uint8_t* quants, int64_t k, int64_t c) {
   return (quants[kLowPlane + k * 4 + c / 4] >> (2 * (c % 4))) & 0x03;
 }
 
+// Q5S: the fifth bit of column c's quant at k (0..31) of a block tile's quants, as plain tiles hold them
+static inline int32_t q5s_high(const uint8_t* quants, int64_t k, int64_t c) {
+  return (quants[kLowPlane + k * 2 + c / 8] >> (c % 8)) & 0x01;
+}
+
 // One field of a block's scale header (block_head) for column c: which = 0 its scale d, which = 1 its
-// second field (Q4, Q4S: the min m; Q8S: the scale of k 16..31; Q8: none, 0)
+// second field (Q4, Q4S, Q5S: the min m; Q8S: the scale of k 16..31; Q8: none, 0)
 template <int F>
 inline float tile_field(const uint8_t* tile, int which, int64_t c) {
-  if constexpr (F == kQ4S || F == kQ8S) return reinterpret_cast<const float*>(tile)[which * kPanel + c];
+  if constexpr (has_formed_scales(F)) return reinterpret_cast<const float*>(tile)[which * kPanel + c];
   if constexpr (F == kQ8) {
     if (which == 1) return 0.0f;
   }
@@ -154,6 +173,7 @@ inline int32_t tile_quant(const uint8_t* quants, int64_t k, int64_t c) {
   const uint8_t byte = quants[k * (kPanel / 2) + c % 8];
   const int32_t low = c < 8 ? byte & 0x0F : byte >> 4;
   if constexpr (F == kQ8S) return (low | (q8s_high(quants, k, c) << 4)) - 32;
+  if constexpr (F == kQ5S) return low | (q5s_high(quants, k, c) << 4);
   return low;
 }
 
@@ -167,7 +187,7 @@ struct QTile {
   QTile(const uint8_t* panel, int64_t b) : quants(block_quants<F>(panel, b)) {
     float buf[2 * kPanel];
     const uint8_t* head = block_head<F>(panel, b, buf);
-    if constexpr (F == kQ4S || F == kQ8S) {
+    if constexpr (has_formed_scales(F)) {
       const float* d = reinterpret_cast<const float*>(head);
       d0 = O::load(d);
       d1 = O::load(d + kLanes);
@@ -196,6 +216,11 @@ struct QTile {
       for (int64_t c = 0; c < kPanel; ++c) q[c] = static_cast<int8_t>(tile_quant<F>(quants, kk, c));
       w0 = O::mul(O::load_i8(q), kk < kQBlock / 2 ? d0 : m0);
       w1 = O::mul(O::load_i8(q + kLanes), kk < kQBlock / 2 ? d1 : m1);
+    } else if constexpr (F == kQ5S) {
+      int8_t u[kPanel];  // the row's 5-bit quants, from the nibbles and the bit plane
+      for (int64_t c = 0; c < kPanel; ++c) u[c] = static_cast<int8_t>(tile_quant<F>(quants, kk, c));
+      w0 = O::fma(O::load_i8(u), d0, m0);
+      w1 = O::fma(O::load_i8(u + kLanes), d1, m1);
     } else {
       V q0, q1;
       O::load_nibbles(quants + kk * (kPanel / 2), q0, q1);

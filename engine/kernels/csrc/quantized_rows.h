@@ -50,7 +50,7 @@ inline void quantized_rows(const uint8_t* packed, int64_t format, int64_t K, con
       quantized_rows_of<f, false>(packed, K, ids, out, begin, end);      \
     }                                                                    \
     break;
-    NXK_ROWS_OF(kQ8) NXK_ROWS_OF(kQ4) NXK_ROWS_OF(kQ4S) NXK_ROWS_OF(kQ8S)
+    NXK_ROWS_OF(kQ8) NXK_ROWS_OF(kQ4) NXK_ROWS_OF(kQ4S) NXK_ROWS_OF(kQ8S) NXK_ROWS_OF(kQ5S)
 #undef NXK_ROWS_OF
   }
 }

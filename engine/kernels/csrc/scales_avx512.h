@@ -18,16 +18,17 @@ static inline __m512 half16_at(const uint8_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// Q4S: d = D * sc, m = -(Dmin * mn); sc, mn = low 4 bits (the block tile's byte) | high 2 bits << 4
+// Q4S, Q5S: d = D * sc, m = -(Dmin * mn); sc, mn = low 4 bits (the block tile's byte) | high 2 bits << 4
+template <int F>
 static inline void q4s_scales16(const uint8_t* panel, int64_t b, float* out) {
-  const uint8_t* super = panel + (b / kSuperBlocks) * group_bytes(kQ4S);
+  const uint8_t* super = panel + (b / kSuperBlocks) * group_bytes(F);
   const int64_t j = b % kSuperBlocks;
   const __m128i high8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(super + 2 * kScaleBytes + j * (kPanel / 2)));
   const __m512i by_column = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(high8, high8));  // byte c % 8 in lane c
   const __m512i nibble_shift = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
   const __m512i high = _mm512_and_si512(_mm512_srlv_epi32(by_column, nibble_shift), _mm512_set1_epi32(0x0F));
   const __m512i low = _mm512_cvtepu8_epi32(
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(super + kQ4SHead + j * tile_bytes(kQ4S))));
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(super + kQ4SHead + j * tile_bytes(F))));
   const __m512i four = _mm512_set1_epi32(0x0F), three = _mm512_set1_epi32(0x03);
   const __m512i sc = _mm512_or_si512(_mm512_and_si512(low, four), _mm512_slli_epi32(_mm512_and_si512(high, three), 4));
   const __m512i mn = _mm512_or_si512(_mm512_srli_epi32(low, 4), _mm512_slli_epi32(_mm512_srli_epi32(high, 2), 4));
@@ -49,8 +50,8 @@ static inline void q8s_scales16(const uint8_t* panel, int64_t b, float* out) {
 // block_head with the K types' scales formed 16 columns at once
 template <int F>
 static inline const uint8_t* block_head16(const uint8_t* panel, int64_t b, float* buf) {
-  if constexpr (F % kBaseFormats == kQ4S) {
-    q4s_scales16(panel, b, buf);
+  if constexpr (has_k4_head(F)) {
+    q4s_scales16<F % kBaseFormats>(panel, b, buf);
     return reinterpret_cast<const uint8_t*>(buf);
   } else if constexpr (F % kBaseFormats == kQ8S) {
     q8s_scales16(panel, b, buf);

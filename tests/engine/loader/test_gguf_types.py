@@ -58,15 +58,19 @@ def test_every_tensor_is_gguf_s_own_dequantization(path: Path):
             )
 
 
-def test_a_q4_k_m_file_is_held_quantized_and_computes_with_its_dequantized_values():
-    path = GGUF_DIR / "llama-q4_k_m.gguf"
+@pytest.mark.parametrize(
+    ("name", "types"),
+    [("llama-q4_k_m.gguf", {"Q4_K", "Q6_K"}), ("llama-q5_k_m.gguf", {"Q5_K", "Q6_K"})],
+)
+def test_a_k_quant_mix_is_held_quantized_and_computes_with_its_dequantized_values(name: str, types: set[str]):
+    path = GGUF_DIR / name
     kept = LLM(str(path), activations="float", num_kv_blocks=32)
     default = LLM(str(path), activations="int16", num_kv_blocks=32)
     dense_llm = LLM(
         str(path), quantize="none", kv_cache_dtype="float16", num_kv_blocks=32
     )  # the cache kept's hold
     held = {w.qtype for w in load_model(path).weights.values() if isinstance(w, QuantizedWeight)}
-    assert held == {"Q4_K", "Q6_K"}
+    assert held == types
     assert kept.engine.snapshot().weight_bytes < dense_llm.engine.snapshot().weight_bytes / 3
     params = SamplingParams(max_tokens=8, ignore_eos=True, logprobs=0)
     prompts = [[5, 17, 300, 42], list(range(30, 90))]
