@@ -78,7 +78,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     name: str = ""
-    # (HF weight name, GGUF type) of each weight the file holds quantized (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)
+    # (HF weight name, GGUF type) of each weight the file holds in a type kept quantized (quantized.BLOCK_BYTES)
     quantized_weights: tuple[tuple[str, str], ...] = ()
     attention_bias: bool = False
     qk_norm: bool = False

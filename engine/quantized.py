@@ -15,7 +15,11 @@ for the kernels (engine/kernels/csrc/quantized.h), which compute with exactly th
                                                      the nibbles                  (176 bytes per 256)
                                                Q6_K: 128 bytes low nibbles, 64 bytes high 2 bits,
                                                      16 int8 scales, f16 d        (210 bytes per 256)
-    nibbles (Q4_0/Q4_1): byte j of a block holds element j in its low nibble and element j + 16 in its
+                                               IQ4_NL: f16 d, 16 bytes of nibbles, each an
+                                                     index into 16 int8 values   (18 bytes per 32)
+                                               IQ4_XS: f16 d, 8 bytes of 6-bit sub-scales,
+                                                     128 bytes of nibbles as IQ4_NL's (136 per 256)
+    nibbles (Q4_0/Q4_1/IQ4_NL): byte j of a block holds element j in its low nibble and element j + 16 in its
     high one. The K types' layouts are gguf's (gguf.quants.Q4_K / Q5_K / Q6_K); quant_pack.py reads them.
 """
 
@@ -28,8 +32,26 @@ import numpy as np
 import torch
 
 BLOCK = 32  # elements per block of the 32-element types; every kept type's K is a multiple of it
-BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q4_K": 144, "Q6_K": 210, "Q5_K": 176}
-BLOCK_ELEMENTS = {"Q8_0": 32, "Q4_0": 32, "Q4_1": 32, "Q4_K": 256, "Q6_K": 256, "Q5_K": 256}
+BLOCK_BYTES = {
+    "Q8_0": 34,
+    "Q4_0": 18,
+    "Q4_1": 20,
+    "Q4_K": 144,
+    "Q6_K": 210,
+    "Q5_K": 176,
+    "IQ4_NL": 18,
+    "IQ4_XS": 136,
+}
+BLOCK_ELEMENTS = {
+    "Q8_0": 32,
+    "Q4_0": 32,
+    "Q4_1": 32,
+    "Q4_K": 256,
+    "Q6_K": 256,
+    "Q5_K": 256,
+    "IQ4_NL": 32,
+    "IQ4_XS": 256,
+}
 QTYPES = tuple(BLOCK_BYTES)
 
 
@@ -95,8 +117,9 @@ def dense(weight: torch.Tensor | QuantizedWeight) -> torch.Tensor:
     return weight.dequantize() if isinstance(weight, QuantizedWeight) else weight
 
 
-# where each K type keeps its float16 super-block scales (the rest of a block is any bytes)
-SCALE_FIELDS = {"Q4_K": (0, 2), "Q6_K": (208,), "Q5_K": (0, 2)}
+# where each type gguf only reads (no quantizer) keeps its float16 (super-)block scales; the rest of a
+# block is any bytes
+SCALE_FIELDS = {"Q4_K": (0, 2), "Q6_K": (208,), "Q5_K": (0, 2), "IQ4_NL": (0,), "IQ4_XS": (0,)}
 
 
 def sample_weight(

@@ -21,7 +21,12 @@ the low 4 bits as Q4's nibbles (256 bytes) and the high 2 bits (128 bytes: row k
 at bits 2c of a little-endian word). The kernels form the half block's scale D * sc (exact: 11 bits times
 8) and q = u - 32 in registers. Q5_K is held at the file's size as Q5S: Q4S with a fifth bit, each block
 tile followed by a bit plane of 64 bytes (row k's 2 bytes hold column c at bit c of a little-endian
-word), u = nibble | bit << 4: 2816 bytes per super-tile (16 x 176).
+word), u = nibble | bit << 4: 2816 bytes per super-tile (16 x 176). IQ4_NL is held as I4, Q4's nibbles
+under Q8's float16 scales, each nibble an index into IQ4's 16 int8 values (w = value * d, exact); IQ4_XS
+at the file's size as I4S: per super-block one super-tile of 2176 bytes (16 x 136), a header of the 16
+rows' float16 D and each block's 6-bit sub-scales (8 bytes of low nibbles, rows j and j + 8 in byte j;
+4 bytes of high 2 bits, row c at bits 2 (c % 4) of byte c / 4), then the 8 blocks' nibbles as I4's;
+w = value * D * (sc - 32), exact (11 bits times 6 times 7).
 
 For integer activations (engine/kernels/csrc/qdot.h) the same tiles hold their quants in the dot
 layout: k in quads of 4, each column's quad 4 bytes in a row (Q8: q ^ 0x80; Q4: quad j in the low
@@ -40,13 +45,23 @@ import torch
 from engine.quantized import BLOCK, QuantizedWeight
 
 PANEL = 16
-Q8, Q4, Q4S, Q8S, Q5S = 0, 1, 2, 3, 4  # quantized.h QFormat
-DOT = 5  # qdot.h: format + DOT is the format in the dot layout (int8 activations); the base formats' count
+Q8, Q4, Q4S, Q8S, Q5S, I4, I4S = 0, 1, 2, 3, 4, 5, 6  # quantized.h QFormat
+DOT = 7  # qdot.h: format + DOT is the format in the dot layout (int8 activations); the base formats' count
 WIDE = 2 * DOT  # qdot.h: format + WIDE is the dot layout with int16 activations
 # EngineConfig.activations -> format offset ("mixed": int16, int8 for context rows, the same bytes)
 ACTIVATION_OFFSET = {"float": 0, "int8": DOT, "int16": WIDE, "mixed": WIDE}
 QUADS = BLOCK // 4
-FORMAT_OF = {"Q8_0": Q8, "Q4_0": Q4, "Q4_1": Q4, "Q4_K": Q4S, "Q6_K": Q8S, "Q5_K": Q5S}
+FORMAT_OF = {
+    "Q8_0": Q8,
+    "Q4_0": Q4,
+    "Q4_1": Q4,
+    "Q4_K": Q4S,
+    "Q6_K": Q8S,
+    "Q5_K": Q5S,
+    "IQ4_NL": I4,
+    "IQ4_XS": I4S,
+}
+IQ4_VALUES = torch.tensor(gguf.quants.IQ4_NL.kvalues, dtype=torch.float32)  # a nibble's value
 SCALE_BYTES = PANEL * 2  # 16 float16 scales (or mins)
 WIDE_SCALE_BYTES = PANEL * 4  # 16 float32 scales (or mins)
 SUPER = 8  # Q4S: blocks of 32 per super-block (Q4_K's 256 k)
@@ -57,6 +72,8 @@ TILE_BYTES = {  # per block of 32 k (Q4S: after its super-tile's header)
     Q4S: PANEL + BLOCK * PANEL // 2,
     Q8S: BLOCK * PANEL // 2 + BLOCK * PANEL // 4,  # the quants' low and high planes
     Q5S: PANEL + BLOCK * PANEL // 2 + BLOCK * PANEL // 8,  # Q4S's, then the bit plane
+    I4: SCALE_BYTES + BLOCK * PANEL // 2,
+    I4S: BLOCK * PANEL // 2,  # the nibbles alone (the sub-scales are in the header)
 }
 Q8S_HEAD = SCALE_BYTES + 2 * SUPER * PANEL  # D float16 [16]; int8 sub-scales [16][16]
 LOW_PLANE = BLOCK * PANEL // 2  # Q8S, Q5S: a block tile's low 4-bit plane, before its high one
@@ -66,6 +83,8 @@ GROUP = {
     Q4S: SUPER,
     Q8S: SUPER,
     Q5S: SUPER,
+    I4: 1,
+    I4S: SUPER,
 }  # blocks per (super-)tile of the packed tensor's last dimension
 HEAD = {
     Q8: 0,
@@ -73,6 +92,8 @@ HEAD = {
     Q4S: Q4S_HEAD,
     Q8S: Q8S_HEAD,
     Q5S: Q4S_HEAD,
+    I4: 0,
+    I4S: SCALE_BYTES + SUPER * (PANEL // 2 + PANEL // 4),  # D float16 [16]; per block 12 bytes of sub-scales
 }  # a super-tile's header before its block tiles
 
 
@@ -105,13 +126,58 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.uint8).reshape(t.shape[0], t.shape[1], -1)
 
 
-def _nibble_tiles(d: torch.Tensor, m: torch.Tensor, values: torch.Tensor, panels: int) -> torch.Tensor:
-    """Q4-style tiles from per-32-block scales d, offsets m [N, nb] (float16 or float32) and 4-bit
+def _nibble_tiles(d: torch.Tensor, m: torch.Tensor | None, values: torch.Tensor, panels: int) -> torch.Tensor:
+    """Q4-style tiles (I4's without m) from per-32-block scales d, offsets m [N, nb] (float16) and 4-bit
     values [N, nb, 32]: [P, nb, tile bytes]."""
     v = _by_panel(values, panels).permute(0, 2, 3, 1)  # [P, nb, 32, 16]
     packed_nibbles = v[..., : PANEL // 2] | (v[..., PANEL // 2 :] << 4)  # [P, nb, 32, 8]
-    scales = [_as_bytes(_by_panel(t, panels).transpose(1, 2)) for t in (d, m)]  # [P, nb, 16 x bytes]
+    fields = (d,) if m is None else (d, m)
+    scales = [_as_bytes(_by_panel(t, panels).transpose(1, 2)) for t in fields]  # [P, nb, 16 x bytes]
     return torch.cat([*scales, _as_bytes(packed_nibbles)], dim=-1)
+
+
+def _pack_iq4_xs(weight: QuantizedWeight, panels: int) -> torch.Tensor:
+    """IQ4_XS blocks as I4S super-tiles [P, K / 256, 2176] (the module docstring): the float16 D and the
+    6-bit sub-scales (gguf's split: 4 low bits from scales_l, 2 high from scales_h) in the header, then
+    each block's nibbles as I4's."""
+    n = weight.shape[0]
+    raw = weight.blocks  # [N, K / 256, 136]: d, scales_h (uint16), scales_l[4], qs[128]
+    supers = raw.shape[1]
+    scales_h = raw[..., 2:4].contiguous().view(torch.int16).int() & 0xFFFF  # [N, ns, 1]
+    high = (scales_h >> (2 * torch.arange(SUPER))) & 0x03  # [N, ns, 8]
+    low = torch.stack([raw[..., 4:8] & 0x0F, raw[..., 4:8] >> 4], dim=-1).reshape(
+        n, supers, SUPER
+    )  # [N, ns, 8]
+    lo = _by_panel(low, panels).permute(0, 2, 3, 1)  # [P, ns, 8, 16]
+    low_nibbles = lo[..., : PANEL // 2] | (lo[..., PANEL // 2 :] << 4)  # [P, ns, 8, 8]
+    hi = _by_panel(high.to(torch.uint8), panels).permute(0, 2, 3, 1).reshape(panels, supers, SUPER, 4, 4)
+    high_bytes = (hi << (2 * torch.arange(4, dtype=torch.uint8))).sum(
+        dim=-1, dtype=torch.uint8
+    )  # [P, ns, 8, 4]
+    subs = torch.cat([low_nibbles, high_bytes], dim=-1).reshape(panels, supers, -1)  # [P, ns, 96]
+    d_super = _as_bytes(_by_panel(_f16(raw[..., 0:2]), panels).transpose(1, 2))  # [P, ns, 32]
+    qs = raw[..., 8:].reshape(n, supers * SUPER, BLOCK // 2)  # [N, nb, 16]
+    values = torch.cat([qs & 0x0F, qs >> 4], dim=-1)  # [N, nb, 32], element order
+    v = _by_panel(values, panels).permute(0, 2, 3, 1)  # [P, nb, 32, 16]
+    nibbles = _as_bytes(v[..., : PANEL // 2] | (v[..., PANEL // 2 :] << 4))  # [P, nb, 256]
+    return _join(torch.cat([d_super, subs], dim=-1), nibbles, I4S)
+
+
+def _i4s_scales(head: torch.Tensor) -> torch.Tensor:
+    """Each I4S block's scale D * (sc - 32) per row, float32 [..., nb, 16], from the headers [..., ns,
+    128]: the kernels' exact products."""
+    lead, supers = head.shape[:-2], head.shape[-2]
+    d_super = head[..., :SCALE_BYTES].contiguous().view(torch.float16).float()  # [..., ns, 16]
+    subs = head[..., SCALE_BYTES:].reshape(*lead, supers, SUPER, PANEL // 2 + PANEL // 4)
+    low = torch.cat(
+        [subs[..., : PANEL // 2] & 0x0F, subs[..., : PANEL // 2] >> 4], dim=-1
+    ).int()  # [..., 8, 16]
+    pairs = subs[..., PANEL // 2 :].unsqueeze(-1) >> (
+        2 * torch.arange(4, dtype=torch.uint8)
+    )  # [..., 8, 4, 4]
+    high = (pairs & 0x03).reshape(*lead, supers, SUPER, PANEL).int()
+    scale = d_super[..., None, :] * ((low | (high << 4)) - 32).float()  # [..., ns, 8, 16]
+    return scale.reshape(*lead, -1, PANEL)
 
 
 def _pack_q4_k(weight: QuantizedWeight, panels: int) -> torch.Tensor:
@@ -254,7 +320,9 @@ def _two_bit_values(plane: torch.Tensor) -> torch.Tensor:
 
 def _header_bytes(fmt: int) -> int:
     """Bytes of a block tile's scales, before its quants (Q4S, Q5S: the sub-scales' low bits; Q8S: none)."""
-    return {Q8: SCALE_BYTES, Q4: 2 * SCALE_BYTES, Q4S: PANEL, Q8S: 0, Q5S: PANEL}[fmt]
+    return {Q8: SCALE_BYTES, Q4: 2 * SCALE_BYTES, Q4S: PANEL, Q8S: 0, Q5S: PANEL, I4: SCALE_BYTES, I4S: 0}[
+        fmt
+    ]
 
 
 def to_dot_layout(packed: torch.Tensor, fmt: int) -> torch.Tensor:
@@ -342,6 +410,8 @@ def _pack(weight: QuantizedWeight) -> tuple[int, torch.Tensor]:
         return Q8S, _pack_q6_k(weight, panels)
     if weight.qtype == "Q5_K":
         return Q5S, _pack_q5_k(weight, panels)
+    if weight.qtype == "IQ4_XS":
+        return I4S, _pack_iq4_xs(weight, panels)
     raw = weight.blocks  # [N, nb, block bytes]
     d = _by_panel(_f16(raw[..., 0:2]), panels).transpose(1, 2)  # [P, nb, 16]
     if weight.qtype == "Q8_0":
@@ -353,6 +423,8 @@ def _pack(weight: QuantizedWeight) -> tuple[int, torch.Tensor]:
     d16 = _f16(raw[..., 0:2])  # [N, nb] float16
     if weight.qtype == "Q4_1":
         return Q4, _nibble_tiles(d16, _f16(raw[..., 2:4]), values, panels)
+    if weight.qtype == "IQ4_NL":
+        return I4, _nibble_tiles(d16, None, values, panels)
     # Q4_0: w = d (q - 8) = q d + (-8 d); -8 d is exact in float16 unless it overflows
     m16 = d16 * -8.0
     if not bool(torch.isfinite(m16).all()):
@@ -381,6 +453,17 @@ def _tile_parts(packed: torch.Tensor, fmt: int) -> tuple[torch.Tensor, torch.Ten
         low = tiles[..., :LOW_PLANE].reshape(*lead, BLOCK, PANEL // 2)
         u = torch.cat([low & 0x0F, low >> 4], dim=-1) | (_two_bit_values(tiles[..., LOW_PLANE:]) << 4)
         return scale, None, u.float() - 32.0
+    if fmt in (I4, I4S):  # nibbles as Q4's, each an index into IQ4's values
+        if head is not None:
+            d, body = _i4s_scales(head).unsqueeze(-2), tiles
+        else:
+            d, body = (
+                tiles[..., :SCALE_BYTES].contiguous().view(torch.float16).float().unsqueeze(-2),
+                tiles[..., SCALE_BYTES:],
+            )
+        by = body.reshape(*lead, BLOCK, PANEL // 2)
+        index = torch.cat([by & 0x0F, by >> 4], dim=-1).long()
+        return d.expand(*lead, BLOCK, PANEL), None, IQ4_VALUES[index]
     if head is not None:
         d16, m16 = _q4s_scales(head, tiles[..., :PANEL])  # [..., nb, 16] each
         d, second = d16.unsqueeze(-2), m16.unsqueeze(-2)

@@ -53,6 +53,11 @@ inline __m256i quad_of(const uint8_t* quants, int64_t j, int h) {
       const __m256i high = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256(at), static_cast<int>(j)), _mm256_set1_epi8(0x01));
       return _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
     }
+    if constexpr (is_iq4(F)) {  // each nibble's IQ4 value + 128 (as Q8's bytes), looked up per 128-bit lane
+      const __m128i values = _mm_add_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4Values)),
+                                          _mm_set1_epi8(static_cast<char>(0x80)));
+      return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(values), low);
+    }
     return low;
   }
 }
@@ -105,6 +110,8 @@ inline const uint8_t* block_head8(const uint8_t* panel, int64_t b, float* buf) {
                          _mm256_mul_ps(half8_at(super + 16 * h), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes))));
       }
     return reinterpret_cast<const uint8_t*>(buf);
+  } else if constexpr (F % kBaseFormats == kI4S) {
+    return block_head<F>(panel, b, buf);  // (scalar: one product per column and block)
   }
   return tile_at<F>(panel, b);
 }
@@ -175,7 +182,7 @@ void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t m, f
         const int32_t xsum = passes == 2 ? s[pass] : s[0] + s[1];
         for (int h = 0; h < 2; ++h) {
           __m256i exact = is[r][h];
-          if constexpr (wide && F == kQ8)  // the weights were q + 128
+          if constexpr (wide && is_biased_byte(F))  // the weights were q + 128
             exact = _mm256_sub_epi32(exact, _mm256_set1_epi32(128 * xsum));
           if constexpr (F == kQ8S)  // the weights were q + 32
             exact = _mm256_sub_epi32(exact, _mm256_set1_epi32(32 * xsum));

@@ -187,6 +187,11 @@ struct QTile16 {
     } else {  // byte j: column j in its low nibble, column j + 8 in its high one
       const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(quants + kk * (kPanel / 2)));
       const __m128i both = _mm_and_si128(_mm_unpacklo_epi64(bytes, _mm_srli_epi16(bytes, 4)), _mm_set1_epi8(0x0F));
+      if constexpr (is_iq4(F)) {  // each nibble's IQ4 value, looked up among 16 floats
+        const __m512 values = _mm512_cvtepi32_ps(
+            _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4Values))));
+        return _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(both), values), d);
+      }
       if constexpr (F == kQ5S) {  // the fifth bit: column c at bit c of row kk's 2 plane bytes
         uint16_t word;
         std::memcpy(&word, quants + kLowPlane + kk * 2, 2);

@@ -9,6 +9,7 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "vec.h"
 
@@ -60,12 +61,18 @@ inline __m512i quad_of(const uint8_t* quants, int64_t j) {
     const __mmask64 fifth = _mm512_test_epi8_mask(plane, _mm512_set1_epi8(static_cast<char>(1 << j)));
     return _mm512_mask_add_epi8(low, fifth, low, _mm512_set1_epi8(16));
   }
+  if constexpr (is_iq4(F)) {  // each nibble's IQ4 value + 128, looked up in every 128-bit lane
+    const __m128i values = _mm_add_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4Values)),
+                                        _mm_set1_epi8(static_cast<char>(0x80)));
+    return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(values), low);
+  }
   return low;
 }
 
-// what the unsigned weight bytes add beyond the signed quants, per input: q + 128 (Q8), q + 32 (Q8S)
+// what the unsigned weight bytes add beyond the signed quants, per input: q + 128 (Q8, the IQ4 types),
+// q + 32 (Q8S)
 template <int F>
-constexpr int32_t kWeightBias = F == kQ8 ? 128 : F == kQ8S ? 32 : 0;
+constexpr int32_t kWeightBias = is_biased_byte(F) ? 128 : F == kQ8S ? 32 : 0;
 
 // R rows (from row m) x P panels over all of K, stored to y (columns from col); Q: int8 or int16 inputs
 template <int F, int R, int P, class Q>

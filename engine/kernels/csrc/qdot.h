@@ -24,6 +24,8 @@
 //              x 16 columns x 4 bytes, quad 4h + t at bits 2t of chunk h; the sums are corrected by 32 * sum(qx)
 //   Q5SD       the 5-bit u: its low 4 bits as Q4D (256 bytes), then its fifth bit in 16 columns x 4 bytes,
 //              quad j at bit j
+//   I4D, I4SD  the nibbles as Q4D; the kernels look each up as its IQ4 value + 128 (unsigned), the sums
+//              corrected by 128 * sum(qx) as Q8D's
 // Format f + 4 multiplies int8 activations, f + 8 (the same bytes) int16 ones. Int16 activations are
 // stored with each quad's middle two swapped (x0 x2 x1 x3): a weight quad's even bytes (k0, k2) and
 // odd bytes (k1, k3), widened to 16 bits where they lie, then meet their inputs pair by pair.
@@ -39,11 +41,15 @@
 namespace nxk {
 
 constexpr int kDotFormats = kBaseFormats;  // format f + kDotFormats is format f in the dot layout
-enum QDotFormat : int { kQ8D = kQ8 + kDotFormats, kQ4D, kQ4SD, kQ8SD, kQ5SD };
-enum QWideFormat : int { kQ8W = kQ8 + 2 * kDotFormats, kQ4W, kQ4SW, kQ8SW, kQ5SW };  // the dot layout, int16 inputs
+enum QDotFormat : int { kQ8D = kQ8 + kDotFormats, kQ4D, kQ4SD, kQ8SD, kQ5SD, kI4D, kI4SD };
+enum QWideFormat : int { kQ8W = kQ8 + 2 * kDotFormats, kQ4W, kQ4SW, kQ8SW, kQ5SW, kI4W, kI4SW };  // the dot layout, int16 inputs
 constexpr int kFormats = 3 * kBaseFormats;  // every format value: base, dot layout (int8, int16 inputs)
 constexpr int64_t kQuads = kQBlock / 4;                 // 4-byte groups of k per block
 constexpr int64_t kQuadRowBytes = kPanel * 4;          // one quad of 16 columns (64 bytes)
+
+// Base formats whose dot kernels see each weight as a signed 8-bit value + 128 (unsigned bytes): Q8's
+// stored bytes, the IQ4 types' looked-up values; their integer sums are corrected by 128 * sum(qx)
+constexpr bool is_biased_byte(int64_t format) { return format % kBaseFormats == kQ8 || is_iq4(format); }
 
 constexpr bool is_dot_format(int64_t format) { return format >= kDotFormats && format < kFormats; }
 constexpr bool is_wide_format(int64_t format) { return format >= 2 * kDotFormats && format < kFormats; }
@@ -61,6 +67,7 @@ inline int32_t dot_quant(const uint8_t* quants, int64_t k, int64_t c) {
     return (low | (high << 4)) - 32;
   }
   if constexpr (F == kQ5S) return low | (((quants[kLowPlane + c * 4 + i] >> j) & 0x01) << 4);
+  if constexpr (is_iq4(F)) return kIQ4Values[low];
   return low;
 }
 

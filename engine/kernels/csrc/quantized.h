@@ -20,12 +20,18 @@
 //   Q5S  Q5_K at the file's size: Q4S with a fifth bit (2816 bytes per super-tile, 16 x 176): the header and
 //        each block tile's sub-scale bytes and nibbles as Q4S's, then a bit plane of 64 bytes (row k's 2
 //        bytes hold column c at bit c): u = nibble | bit << 4 (0..31).  w = fma(u, d, m) as Q4S
+//   I4   IQ4_NL: d[16] float16, then nibbles as Q4, each an index into IQ4's 16 int8 values: w = kIQ4[q] * d
+//   I4S  IQ4_XS at the file's size: per super-block of 256 k one super-tile (2176 bytes, 16 x 136): D[16]
+//        float16, then per block j 12 bytes of 6-bit sub-scales (8: column c's low 4 bits in byte c % 8,
+//        columns 8.. in the high nibbles; 4: its high 2 bits at bits 2 (c % 4) of byte c / 4), then the 8
+//        block tiles' nibbles as I4's.  w = kIQ4[q] * D * (sc - 32)
 // GGUF's Q8_0 is Q8; Q4_1 is Q4 with its own min m; Q4_0 is Q4 with m = -8 d. Every product q * d is
 // exact in float32 (an 11-bit f16 scale times at most 8 bits), so fma(q, d, m) is gguf's d * q + m.
 // Q4_K is Q4S: its sub-block scale d = D * sc and min m = -(Dmin * mn) are exact float32 products (11
 // bits times 6), formed per block in registers (block_head), and q * d is exact (21 bits), so fma(q, d, m)
 // is gguf's d * q - dm; Q5_K's Q5S the same with u <= 31 (q * d at most 22 bits). Q6_K is Q8S: a scale per 16 k, D * sc exact (11 bits times 8) and formed per block
-// in registers too, q * d exact (at most 24 bits).
+// in registers too, q * d exact (at most 24 bits). IQ4_XS's D * (sc - 32) is exact (11 bits times 6) and so
+// is its product with an IQ4 value (7 bits more): every I4, I4S weight is gguf's value too.
 #pragma once
 
 #include <algorithm>
@@ -39,7 +45,10 @@ namespace nxk {
 constexpr int64_t kQBlock = 32;  // k per quantization block (GGUF's QK8_0, QK4_0, QK4_1)
 // The base formats, one per weight type; the kernel tables (table.h) hold one entry per base format and
 // route, filled by a loop over them: a new weight type is a new value here (before kBaseFormats).
-enum QFormat : int { kQ8 = 0, kQ4 = 1, kQ4S = 2, kQ8S = 3, kQ5S = 4, kBaseFormats };
+enum QFormat : int { kQ8 = 0, kQ4 = 1, kQ4S = 2, kQ8S = 3, kQ5S = 4, kI4 = 5, kI4S = 6, kBaseFormats };
+
+// IQ4_NL's and IQ4_XS's 16 values (gguf's kvalues), indexed by a nibble
+constexpr int8_t kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 // What a base format's block carries: a min per column (w = fma(q, d, m)); Q4_K's header of a super-block
 // scale and min with 6-bit sub-scales and sub-mins (Q4S, Q5S); scales formed per block as float32 (the K types)
@@ -48,7 +57,11 @@ constexpr bool has_min(int64_t format) {
   return f == kQ4 || f == kQ4S || f == kQ5S;
 }
 constexpr bool has_k4_head(int64_t format) { return format % kBaseFormats == kQ4S || format % kBaseFormats == kQ5S; }
-constexpr bool has_formed_scales(int64_t format) { return has_k4_head(format) || format % kBaseFormats == kQ8S; }
+constexpr bool has_formed_scales(int64_t format) {
+  return has_k4_head(format) || format % kBaseFormats == kQ8S || format % kBaseFormats == kI4S;
+}
+// The IQ4 types: each nibble an index into kIQ4Values
+constexpr bool is_iq4(int64_t format) { return format % kBaseFormats == kI4 || format % kBaseFormats == kI4S; }
 
 constexpr int64_t kScaleBytes = kPanel * 2;  // 16 float16 scales (or mins)
 constexpr int64_t kWideScaleBytes = kPanel * 4;  // 16 float32 scales (or mins)
@@ -56,6 +69,8 @@ constexpr int64_t kWideScaleBytes = kPanel * 4;  // 16 float32 scales (or mins)
 constexpr int64_t kSuperBlocks = 8;  // Q4S: blocks per super-block (GGUF's QK_K = 256 k)
 constexpr int64_t kQ4SHead = 2 * kScaleBytes + kSuperBlocks * kPanel / 2;  // a Q4S super-tile's header
 constexpr int64_t kQ8SHead = kScaleBytes + 2 * kSuperBlocks * kPanel;  // a Q8S super-tile's header
+constexpr int64_t kI4SBlockHead = kPanel / 2 + kPanel / 4;  // I4S: a block's sub-scale bytes in the header
+constexpr int64_t kI4SHead = kScaleBytes + kSuperBlocks * kI4SBlockHead;  // an I4S super-tile's header
 constexpr int64_t kLowPlane = kQBlock * kPanel / 2;  // Q8S, Q5S: a block tile's low plane, before its high one
 
 // Bytes of one block's tile (Q4S: after its super-tile's header). Format + kBaseFormats, the same tile in qdot.h's
@@ -64,6 +79,8 @@ constexpr int64_t tile_bytes(int64_t format) {
   const int64_t f = format % kBaseFormats;
   return f == kQ8    ? kScaleBytes + kQBlock * kPanel
          : f == kQ4  ? 2 * kScaleBytes + kQBlock * kPanel / 2
+         : f == kI4  ? kScaleBytes + kQBlock * kPanel / 2
+         : f == kI4S ? kQBlock * kPanel / 2
          : f == kQ4S ? kPanel + kQBlock * kPanel / 2
          : f == kQ5S ? kPanel + kLowPlane + kQBlock * kPanel / 8
                      : kLowPlane + kQBlock * kPanel / 4;
@@ -71,12 +88,16 @@ constexpr int64_t tile_bytes(int64_t format) {
 // Bytes of a tile's own header, before its quants (Q4S: the low bits of its sub-scales and sub-mins)
 constexpr int64_t scale_bytes(int64_t format) {
   const int64_t f = format % kBaseFormats;
-  return f == kQ8 ? kScaleBytes : f == kQ4 ? 2 * kScaleBytes : has_k4_head(f) ? kPanel : 0;
+  return f == kQ8 || f == kI4 ? kScaleBytes : f == kQ4 ? 2 * kScaleBytes : has_k4_head(f) ? kPanel : 0;
 }
 // Blocks per entry of a packed weight's last dimension, and that entry's bytes (a super-tile for the K types)
-constexpr int64_t group_blocks(int64_t format) { return format % kBaseFormats >= kQ4S ? kSuperBlocks : 1; }
+constexpr int64_t group_blocks(int64_t format) {
+  const int64_t f = format % kBaseFormats;
+  return f == kQ8 || f == kQ4 || f == kI4 ? 1 : kSuperBlocks;
+}
 constexpr int64_t group_head(int64_t format) {
-  return has_k4_head(format) ? kQ4SHead : format % kBaseFormats == kQ8S ? kQ8SHead : 0;
+  const int64_t f = format % kBaseFormats;
+  return has_k4_head(f) ? kQ4SHead : f == kQ8S ? kQ8SHead : f == kI4S ? kI4SHead : 0;
 }
 constexpr int64_t group_bytes(int64_t format) { return group_head(format) + group_blocks(format) * tile_bytes(format); }
 // Bytes of one panel of a [N, K] weight
@@ -130,6 +151,20 @@ static inline void q8s_block_scales(const uint8_t* panel, int64_t b, float* out)
   }
 }
 
+// I4S block b's scales D * (sc - 32) per column, as float32 d[16] (then 16 zeros) into out: exact products
+static inline void i4s_block_scales(const uint8_t* panel, int64_t b, float* out) {
+  const uint8_t* super = panel + (b / kSuperBlocks) * group_bytes(kI4S);
+  const uint16_t* d = reinterpret_cast<const uint16_t*>(super);
+  const uint8_t* low = super + kScaleBytes + (b % kSuperBlocks) * kI4SBlockHead;
+  const uint8_t* high = low + kPanel / 2;
+  for (int64_t c = 0; c < kPanel; ++c) {
+    const int lo = c < kPanel / 2 ? low[c] & 0x0F : low[c - kPanel / 2] >> 4;
+    const int sc = lo | (((high[c / 4] >> (2 * (c % 4))) & 0x03) << 4);
+    out[c] = f16_to_float(d[c]) * static_cast<float>(sc - 32);
+    out[kPanel + c] = 0.0f;
+  }
+}
+
 // Where block b's scale header is read from: its tile's own header, except for the K types, whose
 // scales are formed into ``buf`` (2 * kPanel floats) as float32 d[16] then m[16] (Q4S: the mins; Q8S:
 // the second half block's scales): the same header the readers below take for every float32 scale.
@@ -140,6 +175,9 @@ static inline const uint8_t* block_head(const uint8_t* panel, int64_t b, float* 
     return reinterpret_cast<const uint8_t*>(buf);
   } else if constexpr (F % kBaseFormats == kQ8S) {
     q8s_block_scales(panel, b, buf);
+    return reinterpret_cast<const uint8_t*>(buf);
+  } else if constexpr (F % kBaseFormats == kI4S) {
+    i4s_block_scales(panel, b, buf);
     return reinterpret_cast<const uint8_t*>(buf);
   }
   return tile_at<F>(panel, b);
@@ -156,11 +194,11 @@ static inline int32_t q5s_high(const uint8_t* quants, int64_t k, int64_t c) {
 }
 
 // One field of a block's scale header (block_head) for column c: which = 0 its scale d, which = 1 its
-// second field (Q4, Q4S, Q5S: the min m; Q8S: the scale of k 16..31; Q8: none, 0)
+// second field (Q4, Q4S, Q5S: the min m; Q8S: the scale of k 16..31; Q8, I4, I4S: none, 0)
 template <int F>
 inline float tile_field(const uint8_t* tile, int which, int64_t c) {
   if constexpr (has_formed_scales(F)) return reinterpret_cast<const float*>(tile)[which * kPanel + c];
-  if constexpr (F == kQ8) {
+  if constexpr (F == kQ8 || F == kI4) {
     if (which == 1) return 0.0f;
   }
   return f16_to_float(reinterpret_cast<const uint16_t*>(tile)[which * kPanel + c]);
@@ -174,6 +212,7 @@ inline int32_t tile_quant(const uint8_t* quants, int64_t k, int64_t c) {
   const int32_t low = c < 8 ? byte & 0x0F : byte >> 4;
   if constexpr (F == kQ8S) return (low | (q8s_high(quants, k, c) << 4)) - 32;
   if constexpr (F == kQ5S) return low | (q5s_high(quants, k, c) << 4);
+  if constexpr (is_iq4(F)) return kIQ4Values[low];
   return low;
 }
 
@@ -216,6 +255,11 @@ struct QTile {
       for (int64_t c = 0; c < kPanel; ++c) q[c] = static_cast<int8_t>(tile_quant<F>(quants, kk, c));
       w0 = O::mul(O::load_i8(q), kk < kQBlock / 2 ? d0 : m0);
       w1 = O::mul(O::load_i8(q + kLanes), kk < kQBlock / 2 ? d1 : m1);
+    } else if constexpr (is_iq4(F)) {
+      int8_t q[kPanel];  // the row's IQ4 values
+      for (int64_t c = 0; c < kPanel; ++c) q[c] = static_cast<int8_t>(tile_quant<F>(quants, kk, c));
+      w0 = O::mul(O::load_i8(q), d0);
+      w1 = O::mul(O::load_i8(q + kLanes), d1);
     } else if constexpr (F == kQ5S) {
       int8_t u[kPanel];  // the row's 5-bit quants, from the nibbles and the bit plane
       for (int64_t c = 0; c < kPanel; ++c) u[c] = static_cast<int8_t>(tile_quant<F>(quants, kk, c));

@@ -1,6 +1,6 @@
 // The K types' block scales formed with AVX-512 (quantized.h's block_head, 16 columns at once): the same
 // exact float32 products as its scalar loop, stored into the caller's buffer as float32 d[16], m[16].
-// Included by the files compiled for AVX-512 (after their target pragma); internal linkage.
+// Included by the files compiled for AVX-512 (after their target pragma, and after <cstring>); internal linkage.
 #pragma once
 
 #include <immintrin.h>
@@ -47,6 +47,23 @@ static inline void q8s_scales16(const uint8_t* panel, int64_t b, float* out) {
   }
 }
 
+// I4S: d = D * (sc - 32); sc = low 4 bits (a nibble of the block's 8 bytes) | high 2 bits << 4; 16 zeros after
+static inline void i4s_scales16(const uint8_t* panel, int64_t b, float* out) {
+  const uint8_t* super = panel + (b / kSuperBlocks) * group_bytes(kI4S);
+  const uint8_t* low8 = super + kScaleBytes + (b % kSuperBlocks) * kI4SBlockHead;
+  const __m128i low_bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(low8));
+  const __m512i by_column = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(low_bytes, low_bytes));  // byte c % 8 in lane c
+  const __m512i nibble_shift = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
+  const __m512i low = _mm512_and_si512(_mm512_srlv_epi32(by_column, nibble_shift), _mm512_set1_epi32(0x0F));
+  int32_t word;  // the 16 columns' high 2 bits, column c at bits 2c
+  std::memcpy(&word, low8 + kPanel / 2, 4);
+  const __m512i pair_shift = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i high = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(word), pair_shift), _mm512_set1_epi32(3));
+  const __m512i sc = _mm512_sub_epi32(_mm512_or_si512(low, _mm512_slli_epi32(high, 4)), _mm512_set1_epi32(32));
+  _mm512_storeu_ps(out, _mm512_mul_ps(half16_at(super), _mm512_cvtepi32_ps(sc)));
+  _mm512_storeu_ps(out + kPanel, _mm512_setzero_ps());
+}
+
 // block_head with the K types' scales formed 16 columns at once
 template <int F>
 static inline const uint8_t* block_head16(const uint8_t* panel, int64_t b, float* buf) {
@@ -55,6 +72,9 @@ static inline const uint8_t* block_head16(const uint8_t* panel, int64_t b, float
     return reinterpret_cast<const uint8_t*>(buf);
   } else if constexpr (F % kBaseFormats == kQ8S) {
     q8s_scales16(panel, b, buf);
+    return reinterpret_cast<const uint8_t*>(buf);
+  } else if constexpr (F % kBaseFormats == kI4S) {
+    i4s_scales16(panel, b, buf);
     return reinterpret_cast<const uint8_t*>(buf);
   }
   return tile_at<F>(panel, b);

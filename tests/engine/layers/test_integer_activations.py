@@ -18,10 +18,9 @@ from engine.kernels.qdot_reference import (
     quantize_activations,
 )
 from engine.kernels.quant_pack import ACTIVATION_OFFSET, pack_quantized, quantized_rows, unpack_quantized
-from engine.quantized import BLOCK_BYTES, QTYPES, QuantizedWeight
+from engine.quantized import BLOCK, BLOCK_BYTES, BLOCK_ELEMENTS, QTYPES, QuantizedWeight
 from tests.engine.layers.test_quantized_kernels import (
     CASES,
-    SCALE_FIELDS,
     _quantized,
     assert_generic_bits_everywhere,
 )
@@ -79,7 +78,7 @@ def test_activations_round_half_to_even_within_the_limit(mode: str):
 def test_bits_equal_in_every_instruction_set_at_every_row_count(qtype: str, mode: str):
     """VNNI (vpdpbusd / vpdpwssd), AVX2 pairs of 16-bit products and the scalar loops form the same
     exact integer sums and the same float combine: the generic build's bits everywhere."""
-    n, k = 130, 512 if qtype in SCALE_FIELDS else 288
+    n, k = 130, 512 if BLOCK_ELEMENTS[qtype] > BLOCK else 288
     fmt, packed = pack_quantized(_quantized(qtype, n, k, seed=24), mode)
     assert_generic_bits_everywhere(packed, fmt, n, k, (1, 2, 3, 4, 5, 8, 9, 12, 16, 17, 33, 97), seed=25)
 
@@ -129,7 +128,7 @@ def test_every_instruction_set_quantizes_extreme_inputs_alike(mode: str):
 @pytest.mark.parametrize("mode", INTEGER_MODES)
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1", "Q6_K"])
 def test_a_rows_output_is_the_same_alone_among_others_and_at_any_thread_count(qtype: str, mode: str):
-    n, k = 70, 512 if qtype in SCALE_FIELDS else 192
+    n, k = 70, 512 if BLOCK_ELEMENTS[qtype] > BLOCK else 192
     fmt, packed = pack_quantized(_quantized(qtype, n, k, seed=26), mode)
     gen = torch.Generator().manual_seed(27)
     row = torch.randn(1, k, generator=gen)
@@ -156,7 +155,7 @@ def test_a_rows_output_is_the_same_alone_among_others_and_at_any_thread_count(qt
 def test_the_inputs_really_are_quantized_int16_far_finer_than_int8(qtype: str):
     """Negative control: neither integer route gives the float route's bits, both stay close to it,
     and int16's distance is far below int8's (its inputs carry 8 more bits)."""
-    n, k = 48, 512 if qtype in SCALE_FIELDS else 256
+    n, k = 48, 512 if BLOCK_ELEMENTS[qtype] > BLOCK else 256
     qw = _quantized(qtype, n, k, seed=28)
     fmt, packed = pack_quantized(qw)
     x = torch.randn(9, k, generator=torch.Generator().manual_seed(29))

@@ -1,7 +1,7 @@
 """Quantized weights kept quantized: the record, the packed layout and the kernel, on whichever backend
 this process runs (NXCTL_KERNELS picks it).
 
-The kernel's promise is exact: for Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K blocks its outputs are the float32 linear's
+The kernel's promise is exact: for Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS blocks its outputs are the float32 linear's
 over gguf's own dequantized weight, bit for bit, at every row count (the in-register route up to six
 rows, the dequantized-panel route beyond), at every thread count, and a row's output is the same
 alone or among others.
@@ -18,8 +18,9 @@ from engine import kernels
 from engine.kernels.quant_pack import pack_quantized, quantized_rows, unpack_quantized
 from engine.layers.linear import LinearWeight
 from engine.quantized import (
+    BLOCK,
+    BLOCK_ELEMENTS,
     QTYPES,
-    SCALE_FIELDS,
     QuantizedWeight,
     dense,
     quantize_q8_0,
@@ -30,7 +31,7 @@ from tests.isas import require_several_isas
 SHAPES = ((37, 32), (16, 64), (50, 96), (130, 288))  # N not a multiple of 16, K = 32 .. 288
 K_SHAPES = ((37, 256), (16, 512), (50, 768))  # the K types' blocks hold 256
 ROWS = (1, 2, 3, 6, 7, 13, 40, 100)
-CASES = [(q, s) for q in QTYPES for s in (K_SHAPES if q in SCALE_FIELDS else SHAPES)]
+CASES = [(q, s) for q in QTYPES for s in (K_SHAPES if BLOCK_ELEMENTS[q] > BLOCK else SHAPES)]
 
 
 def _quantized(qtype: str, n: int, k: int, seed: int, scale: float = 1.0) -> QuantizedWeight:
@@ -92,7 +93,7 @@ def assert_generic_bits_everywhere(
 
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_a_rows_output_is_the_same_alone_among_others_and_at_any_thread_count(qtype: str):
-    n, k = 70, 512 if qtype in SCALE_FIELDS else 192
+    n, k = 70, 512 if BLOCK_ELEMENTS[qtype] > BLOCK else 192
     qw = _quantized(qtype, n, k, seed=4)
     fmt, packed = pack_quantized(qw)
     gen = torch.Generator().manual_seed(5)
