@@ -19,6 +19,8 @@ for the kernels (engine/kernels/csrc/quantized.h), which compute with exactly th
                                                      index into 16 int8 values   (18 bytes per 32)
                                                IQ4_XS: f16 d, 8 bytes of 6-bit sub-scales,
                                                      128 bytes of nibbles as IQ4_NL's (136 per 256)
+                                               Q3_K: 32 bytes of third bits, 64 of 2-bit values,
+                                                     12 of 6-bit scales, f16 d    (110 bytes per 256)
     nibbles (Q4_0/Q4_1/IQ4_NL): byte j of a block holds element j in its low nibble and element j + 16 in its
     high one. The K types' layouts are gguf's (gguf.quants.Q4_K / Q5_K / Q6_K); quant_pack.py reads them.
 """
@@ -41,6 +43,7 @@ BLOCK_BYTES = {
     "Q5_K": 176,
     "IQ4_NL": 18,
     "IQ4_XS": 136,
+    "Q3_K": 110,
 }
 BLOCK_ELEMENTS = {
     "Q8_0": 32,
@@ -51,6 +54,7 @@ BLOCK_ELEMENTS = {
     "Q5_K": 256,
     "IQ4_NL": 32,
     "IQ4_XS": 256,
+    "Q3_K": 256,
 }
 QTYPES = tuple(BLOCK_BYTES)
 
@@ -119,7 +123,14 @@ def dense(weight: torch.Tensor | QuantizedWeight) -> torch.Tensor:
 
 # where each type gguf only reads (no quantizer) keeps its float16 (super-)block scales; the rest of a
 # block is any bytes
-SCALE_FIELDS = {"Q4_K": (0, 2), "Q6_K": (208,), "Q5_K": (0, 2), "IQ4_NL": (0,), "IQ4_XS": (0,)}
+SCALE_FIELDS = {
+    "Q4_K": (0, 2),
+    "Q6_K": (208,),
+    "Q5_K": (0, 2),
+    "IQ4_NL": (0,),
+    "IQ4_XS": (0,),
+    "Q3_K": (108,),
+}
 
 
 def sample_weight(

@@ -38,6 +38,8 @@ inputs meet it: format + DOT int8 activations, format + WIDE (the same layout) i
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import gguf
 import numpy as np
 import torch
@@ -45,8 +47,8 @@ import torch
 from engine.quantized import BLOCK, QuantizedWeight
 
 PANEL = 16
-Q8, Q4, Q4S, Q8S, Q5S, I4, I4S = 0, 1, 2, 3, 4, 5, 6  # quantized.h QFormat
-DOT = 7  # qdot.h: format + DOT is the format in the dot layout (int8 activations); the base formats' count
+Q8, Q4, Q4S, Q8S, Q5S, I4, I4S, Q3S = 0, 1, 2, 3, 4, 5, 6, 7  # quantized.h QFormat
+DOT = 8  # qdot.h: format + DOT is the format in the dot layout (int8 activations); the base formats' count
 WIDE = 2 * DOT  # qdot.h: format + WIDE is the dot layout with int16 activations
 # EngineConfig.activations -> format offset ("mixed": int16, int8 for context rows, the same bytes)
 ACTIVATION_OFFSET = {"float": 0, "int8": DOT, "int16": WIDE, "mixed": WIDE}
@@ -60,6 +62,7 @@ FORMAT_OF = {
     "Q5_K": Q5S,
     "IQ4_NL": I4,
     "IQ4_XS": I4S,
+    "Q3_K": Q3S,
 }
 IQ4_VALUES = torch.tensor(gguf.quants.IQ4_NL.kvalues, dtype=torch.float32)  # a nibble's value
 SCALE_BYTES = PANEL * 2  # 16 float16 scales (or mins)
@@ -74,9 +77,9 @@ TILE_BYTES = {  # per block of 32 k (Q4S: after its super-tile's header)
     Q5S: PANEL + BLOCK * PANEL // 2 + BLOCK * PANEL // 8,  # Q4S's, then the bit plane
     I4: SCALE_BYTES + BLOCK * PANEL // 2,
     I4S: BLOCK * PANEL // 2,  # the nibbles alone (the sub-scales are in the header)
+    Q3S: BLOCK * PANEL // 4 + BLOCK * PANEL // 8,  # a 2-bit plane, a bit plane
 }
 Q8S_HEAD = SCALE_BYTES + 2 * SUPER * PANEL  # D float16 [16]; int8 sub-scales [16][16]
-LOW_PLANE = BLOCK * PANEL // 2  # Q8S, Q5S: a block tile's low 4-bit plane, before its high one
 GROUP = {
     Q8: 1,
     Q4: 1,
@@ -85,7 +88,32 @@ GROUP = {
     Q5S: SUPER,
     I4: 1,
     I4S: SUPER,
+    Q3S: SUPER,
 }  # blocks per (super-)tile of the packed tensor's last dimension
+SIX_BIT_BYTES = PANEL // 2 + PANEL // 4  # 16 rows' 6-bit scales (I4S, Q3S): 4 + 2 bits
+# the planes of a block tile's quants, low bits first: 8-bit bytes, nibbles, 2-bit values, 1-bit values
+PLANES = {
+    Q8: ("int8",),
+    Q4: ("nibble",),
+    Q4S: ("nibble",),
+    Q8S: ("nibble", "two"),
+    Q5S: ("nibble", "bit"),
+    I4: ("nibble",),
+    I4S: ("nibble",),
+    Q3S: ("two", "bit"),
+}
+PLANE_BITS = {"int8": 8, "nibble": 4, "two": 2, "bit": 1}
+# a block tile's own scale bytes before its quants (Q4S, Q5S: the sub-scales' low bits)
+HEADER_BYTES = {
+    Q8: SCALE_BYTES,
+    Q4: 2 * SCALE_BYTES,
+    Q4S: PANEL,
+    Q8S: 0,
+    Q5S: PANEL,
+    I4: SCALE_BYTES,
+    I4S: 0,
+    Q3S: 0,
+}
 HEAD = {
     Q8: 0,
     Q4: 0,
@@ -93,7 +121,8 @@ HEAD = {
     Q8S: Q8S_HEAD,
     Q5S: Q4S_HEAD,
     I4: 0,
-    I4S: SCALE_BYTES + SUPER * (PANEL // 2 + PANEL // 4),  # D float16 [16]; per block 12 bytes of sub-scales
+    I4S: SCALE_BYTES + SUPER * SIX_BIT_BYTES,  # D float16 [16]; per block 12 bytes of sub-scales
+    Q3S: SCALE_BYTES + 2 * SUPER * SIX_BIT_BYTES,  # D float16 [16]; per sub-block of 16 k 12 bytes of scales
 }  # a super-tile's header before its block tiles
 
 
@@ -144,40 +173,65 @@ def _pack_iq4_xs(weight: QuantizedWeight, panels: int) -> torch.Tensor:
     raw = weight.blocks  # [N, K / 256, 136]: d, scales_h (uint16), scales_l[4], qs[128]
     supers = raw.shape[1]
     scales_h = raw[..., 2:4].contiguous().view(torch.int16).int() & 0xFFFF  # [N, ns, 1]
-    high = (scales_h >> (2 * torch.arange(SUPER))) & 0x03  # [N, ns, 8]
+    high = ((scales_h >> (2 * torch.arange(SUPER))) & 0x03).to(torch.uint8)  # [N, ns, 8]
     low = torch.stack([raw[..., 4:8] & 0x0F, raw[..., 4:8] >> 4], dim=-1).reshape(
         n, supers, SUPER
     )  # [N, ns, 8]
-    lo = _by_panel(low, panels).permute(0, 2, 3, 1)  # [P, ns, 8, 16]
-    low_nibbles = lo[..., : PANEL // 2] | (lo[..., PANEL // 2 :] << 4)  # [P, ns, 8, 8]
-    hi = _by_panel(high.to(torch.uint8), panels).permute(0, 2, 3, 1).reshape(panels, supers, SUPER, 4, 4)
-    high_bytes = (hi << (2 * torch.arange(4, dtype=torch.uint8))).sum(
-        dim=-1, dtype=torch.uint8
-    )  # [P, ns, 8, 4]
-    subs = torch.cat([low_nibbles, high_bytes], dim=-1).reshape(panels, supers, -1)  # [P, ns, 96]
-    d_super = _as_bytes(_by_panel(_f16(raw[..., 0:2]), panels).transpose(1, 2))  # [P, ns, 32]
     qs = raw[..., 8:].reshape(n, supers * SUPER, BLOCK // 2)  # [N, nb, 16]
     values = torch.cat([qs & 0x0F, qs >> 4], dim=-1)  # [N, nb, 32], element order
     v = _by_panel(values, panels).permute(0, 2, 3, 1)  # [P, nb, 32, 16]
     nibbles = _as_bytes(v[..., : PANEL // 2] | (v[..., PANEL // 2 :] << 4))  # [P, nb, 256]
-    return _join(torch.cat([d_super, subs], dim=-1), nibbles, I4S)
+    return _join(_six_bit_head(raw[..., 0:2], low | (high << 4), panels), nibbles, I4S)
 
 
-def _i4s_scales(head: torch.Tensor) -> torch.Tensor:
-    """Each I4S block's scale D * (sc - 32) per row, float32 [..., nb, 16], from the headers [..., ns,
-    128]: the kernels' exact products."""
+def _pack_q3_k(weight: QuantizedWeight, panels: int) -> torch.Tensor:
+    """Q3_K blocks as Q3S super-tiles [P, K / 256, 1760] (quantized.h): the float16 D and the 16 6-bit
+    sub-block scales (gguf's unpacking of its 12 bytes) in the header, then each block's 3-bit u = q + 4
+    as a 2-bit plane and a bit plane."""
+    n = weight.shape[0]
+    raw = weight.blocks  # [N, K / 256, 110]: hmask[32], qs[64], scales[12], d
+    supers = raw.shape[1]
+    packed_scales = raw[..., 96:108]
+    low = torch.cat([packed_scales[..., :8] & 0x0F, packed_scales[..., :8] >> 4], dim=-1)  # [N, ns, 16]
+    high = torch.stack(
+        [(packed_scales[..., 8:] >> (2 * t)) & 0x03 for t in range(4)], dim=-2
+    )  # [N, ns, 4, 4]
+    shifts = torch.arange(0, 8, 2, dtype=torch.uint8).view(1, 1, 1, 4, 1)
+    two = (raw[..., 32:96].reshape(n, supers, 2, 1, 32) >> shifts) & 0x03  # [N, ns, 2, 4, 32]: 128h + 32t + l
+    bits = torch.arange(8, dtype=torch.uint8).view(1, 1, 8, 1)
+    third = (raw[..., :32].reshape(n, supers, 1, 32) >> bits) & 0x01  # [N, ns, 8, 32]: element 32b + l
+    u = two.reshape(n, supers, 256) | (third.reshape(n, supers, 256) << 2)  # [N, ns, 256], 0..7
+    v = _by_panel(u.reshape(n, -1, BLOCK), panels).permute(0, 2, 3, 1)  # [P, nb, 32, 16]
+    tiles = torch.cat([_two_bit_rows(v & 0x03), _bit_rows(v >> 2)], dim=-1)  # [P, nb, 192]
+    scales = low | (high.reshape(n, supers, 16) << 4)  # [N, ns, 16], 0..63
+    return _join(_six_bit_head(raw[..., 108:110], scales, panels), tiles, Q3S)
+
+
+def _six_bit_head(d_bytes: torch.Tensor, scales: torch.Tensor, panels: int) -> torch.Tensor:
+    """An I4S or Q3S super-tile header [P, ns, 32 + G x 12] from each row's float16 D bytes [N, ns, 2]
+    and G 6-bit scales [N, ns, G] uint8: D[16], then per scale its 16 rows' low 4 bits (rows j and j + 8
+    in byte j) and high 2 bits (row c at bits 2 (c % 4) of byte 8 + c / 4)."""
+    d_super = _as_bytes(_by_panel(_f16(d_bytes), panels).transpose(1, 2))  # [P, ns, 32]
+    sc = _by_panel(scales, panels).permute(0, 2, 3, 1)  # [P, ns, G, 16]
+    low = (sc[..., : PANEL // 2] & 0x0F) | ((sc[..., PANEL // 2 :] & 0x0F) << 4)  # [P, ns, G, 8]
+    pairs = (sc >> 4).reshape(*sc.shape[:-1], 4, 4) << (2 * torch.arange(4, dtype=torch.uint8))
+    high = pairs.sum(dim=-1, dtype=torch.uint8)  # [P, ns, G, 4]
+    return torch.cat([d_super, torch.cat([low, high], dim=-1).reshape(*sc.shape[:2], -1)], dim=-1)
+
+
+def _six_bit_scales(head: torch.Tensor, per_block: int) -> torch.Tensor:
+    """Each block's scales D * (sc - 32) per row, float32 [..., nb, per_block, 16], from I4S (one a block)
+    or Q3S (two) headers [..., ns, 32 + 8 x per_block x 12]: the kernels' exact products."""
     lead, supers = head.shape[:-2], head.shape[-2]
     d_super = head[..., :SCALE_BYTES].contiguous().view(torch.float16).float()  # [..., ns, 16]
-    subs = head[..., SCALE_BYTES:].reshape(*lead, supers, SUPER, PANEL // 2 + PANEL // 4)
+    six = head[..., SCALE_BYTES:].reshape(*lead, supers, SUPER * per_block, SIX_BIT_BYTES)
     low = torch.cat(
-        [subs[..., : PANEL // 2] & 0x0F, subs[..., : PANEL // 2] >> 4], dim=-1
-    ).int()  # [..., 8, 16]
-    pairs = subs[..., PANEL // 2 :].unsqueeze(-1) >> (
-        2 * torch.arange(4, dtype=torch.uint8)
-    )  # [..., 8, 4, 4]
-    high = (pairs & 0x03).reshape(*lead, supers, SUPER, PANEL).int()
-    scale = d_super[..., None, :] * ((low | (high << 4)) - 32).float()  # [..., ns, 8, 16]
-    return scale.reshape(*lead, -1, PANEL)
+        [six[..., : PANEL // 2] & 0x0F, six[..., : PANEL // 2] >> 4], dim=-1
+    ).int()  # [..., G, 16]
+    pairs = six[..., PANEL // 2 :].unsqueeze(-1) >> (2 * torch.arange(4, dtype=torch.uint8))  # [..., G, 4, 4]
+    high = (pairs & 0x03).reshape(*lead, supers, SUPER * per_block, PANEL).int()
+    scale = d_super[..., None, :] * ((low | (high << 4)) - 32).float()  # [..., ns, G, 16]
+    return scale.reshape(*lead, supers * SUPER, per_block, PANEL)
 
 
 def _pack_q4_k(weight: QuantizedWeight, panels: int) -> torch.Tensor:
@@ -319,10 +373,8 @@ def _two_bit_values(plane: torch.Tensor) -> torch.Tensor:
 
 
 def _header_bytes(fmt: int) -> int:
-    """Bytes of a block tile's scales, before its quants (Q4S, Q5S: the sub-scales' low bits; Q8S: none)."""
-    return {Q8: SCALE_BYTES, Q4: 2 * SCALE_BYTES, Q4S: PANEL, Q8S: 0, Q5S: PANEL, I4: SCALE_BYTES, I4S: 0}[
-        fmt
-    ]
+    """Bytes of a block tile's scales, before its quants (Q4S, Q5S: the sub-scales' low bits)."""
+    return HEADER_BYTES[fmt]
 
 
 def to_dot_layout(packed: torch.Tensor, fmt: int) -> torch.Tensor:
@@ -335,43 +387,99 @@ def to_dot_layout(packed: torch.Tensor, fmt: int) -> torch.Tensor:
 
 
 def _tiles_to_dot_layout(tiles: torch.Tensor, fmt: int) -> torch.Tensor:
-    """Block tiles [..., tile bytes] of ``fmt`` in the dot layout."""
-    head, body = tiles[..., : _header_bytes(fmt)], tiles[..., _header_bytes(fmt) :]
-    lead = tiles.shape[:-1]
-    if fmt == Q8:
-        quads = body.reshape(*lead, QUADS, 4, PANEL).transpose(-1, -2)  # [..., 8, 16, 4]
-        return torch.cat([head, (quads ^ 0x80).reshape(*lead, -1)], dim=-1)
-    if fmt == Q8S:  # the low plane as Q4's nibbles, the high plane by quads
-        low, high = body[..., :LOW_PLANE], _two_bit_values(body[..., LOW_PLANE:])  # high [..., 32, 16]
-        by_quad = high.reshape(*lead, 2, 4, 4, PANEL).movedim(-1, -3).transpose(-1, -2)  # [..., h, c, i, t]
-        chunks = (by_quad << (2 * torch.arange(4, dtype=torch.uint8))).sum(dim=-1, dtype=torch.uint8)
-        return torch.cat([_nibbles_to_dot(low), chunks.reshape(*lead, -1)], dim=-1)
-    if fmt == Q5S:  # the low plane as Q4's nibbles; the bit plane by column and quad input, quad j at bit j
-        bits = _bit_values(body[..., LOW_PLANE:]).reshape(*lead, QUADS, 4, PANEL)  # [..., j, i, c]
-        by_input = bits.permute(*range(len(lead)), -1, -2, -3) << torch.arange(QUADS, dtype=torch.uint8)
-        plane = by_input.sum(dim=-1, dtype=torch.uint8).reshape(*lead, -1)  # [..., 16 x 4]
-        return torch.cat([head, _nibbles_to_dot(body[..., :LOW_PLANE]), plane], dim=-1)
-    return torch.cat([head, _nibbles_to_dot(body)], dim=-1)
+    """Block tiles [..., tile bytes] of ``fmt`` in the dot layout: each plane of quants regrouped."""
+    return _by_planes(tiles, fmt, _TO_DOT)
 
 
 def _from_dot_layout(tiles: torch.Tensor, fmt: int) -> torch.Tensor:
     """The inverse of to_dot_layout on block tiles: tiles of fmt + DOT (or + WIDE) -> tiles of fmt."""
-    head, body = tiles[..., : _header_bytes(fmt)], tiles[..., _header_bytes(fmt) :]
-    lead = tiles.shape[:-1]
-    if fmt == Q8:
-        quads = (body ^ 0x80).reshape(*lead, QUADS, PANEL, 4)
-        return torch.cat([head, quads.transpose(-1, -2).reshape(*lead, -1)], dim=-1)
-    if fmt == Q8S:
-        chunks = body[..., LOW_PLANE:].reshape(*lead, 2, PANEL, 4, 1)  # [..., h, c, i, 1]
-        by_quad = (chunks >> (2 * torch.arange(4, dtype=torch.uint8))) & 0x03  # [..., h, c, i, t]
-        high = by_quad.transpose(-1, -2).movedim(-3, -1).reshape(*lead, BLOCK, PANEL)
-        return torch.cat([_nibbles_from_dot(body[..., :LOW_PLANE]), _two_bit_rows(high)], dim=-1)
-    if fmt == Q5S:
-        by_input = body[..., LOW_PLANE:].reshape(*lead, PANEL, 4, 1)  # [..., c, i, 1]
-        bits = (by_input >> torch.arange(QUADS, dtype=torch.uint8)) & 0x01  # [..., c, i, j]
-        rows = bits.permute(*range(len(lead)), -1, -2, -3).reshape(*lead, BLOCK, PANEL)
-        return torch.cat([head, _nibbles_from_dot(body[..., :LOW_PLANE]), _bit_rows(rows)], dim=-1)
-    return torch.cat([head, _nibbles_from_dot(body)], dim=-1)
+    return _by_planes(tiles, fmt, _FROM_DOT)
+
+
+def _planes(tiles: torch.Tensor, fmt: int) -> list[tuple[str, torch.Tensor]]:
+    """A block tile's quant planes (PLANES[fmt]), each (kind, bytes [..., plane bytes])."""
+    planes, at = [], HEADER_BYTES[fmt]
+    for kind in PLANES[fmt]:
+        size = BLOCK * PANEL * PLANE_BITS[kind] // 8
+        planes.append((kind, tiles[..., at : at + size]))
+        at += size
+    return planes
+
+
+def _by_planes(
+    tiles: torch.Tensor, fmt: int, convert: dict[str, Callable[[torch.Tensor], torch.Tensor]]
+) -> torch.Tensor:
+    """Block tiles with each plane of their quants passed through ``convert[kind]``, headers unchanged."""
+    parts = [convert[kind](plane) for kind, plane in _planes(tiles, fmt)]
+    return torch.cat([tiles[..., : HEADER_BYTES[fmt]], *parts], dim=-1)
+
+
+def _plane_values(tiles: torch.Tensor, fmt: int) -> torch.Tensor:
+    """The unsigned quants u of block tiles [..., tile bytes] of ``fmt`` (plain layout), [..., 32, 16]
+    int32: each plane's values above the bits of the planes before it (Q8: the int8 values themselves)."""
+    u, shift = None, 0
+    for kind, plane in _planes(tiles, fmt):
+        values = _VALUES[kind](plane).int() << shift  # [..., 32, 16]
+        u, shift = values if u is None else u | values, shift + PLANE_BITS[kind]
+    assert u is not None
+    return u
+
+
+def _int8_values(body: torch.Tensor) -> torch.Tensor:
+    """Q8's int8 quants [..., 512] as [..., 32, 16]."""
+    return body.contiguous().view(torch.int8).reshape(*body.shape[:-1], BLOCK, PANEL)
+
+
+def _nibble_values(body: torch.Tensor) -> torch.Tensor:
+    """Nibbles [..., 256] (byte j of a row: column j low, column j + 8 high) as [..., 32, 16]."""
+    by = body.reshape(*body.shape[:-1], BLOCK, PANEL // 2)
+    return torch.cat([by & 0x0F, by >> 4], dim=-1)
+
+
+def _int8_to_dot(body: torch.Tensor) -> torch.Tensor:
+    """Q8's int8 quants [..., 512] ([32 k][16 columns]) as quads of 4 k per column, each byte q ^ 0x80."""
+    quads = body.reshape(*body.shape[:-1], QUADS, 4, PANEL).transpose(-1, -2)  # [..., 8, 16, 4]
+    return (quads ^ 0x80).reshape(*body.shape[:-1], -1)
+
+
+def _int8_from_dot(body: torch.Tensor) -> torch.Tensor:
+    """The inverse of _int8_to_dot."""
+    quads = (body ^ 0x80).reshape(*body.shape[:-1], QUADS, PANEL, 4)
+    return quads.transpose(-1, -2).reshape(*body.shape[:-1], -1)
+
+
+def _two_bits_to_dot(plane: torch.Tensor) -> torch.Tensor:
+    """A 2-bit plane [..., 128] (_two_bit_rows) as 2 chunks x 16 columns x 4 bytes, quad 4h + t's values
+    at bits 2t of chunk h."""
+    lead = plane.shape[:-1]
+    values = _two_bit_values(plane).reshape(*lead, 2, 4, 4, PANEL)  # [..., h, t, i, c]
+    by_quad = values.movedim(-1, -3).transpose(-1, -2)  # [..., h, c, i, t]
+    chunks = (by_quad << (2 * torch.arange(4, dtype=torch.uint8))).sum(dim=-1, dtype=torch.uint8)
+    return chunks.reshape(*lead, -1)
+
+
+def _two_bits_from_dot(plane: torch.Tensor) -> torch.Tensor:
+    """The inverse of _two_bits_to_dot."""
+    lead = plane.shape[:-1]
+    chunks = plane.reshape(*lead, 2, PANEL, 4, 1)  # [..., h, c, i, 1]
+    by_quad = (chunks >> (2 * torch.arange(4, dtype=torch.uint8))) & 0x03  # [..., h, c, i, t]
+    return _two_bit_rows(by_quad.transpose(-1, -2).movedim(-3, -1).reshape(*lead, BLOCK, PANEL))
+
+
+def _bits_to_dot(plane: torch.Tensor) -> torch.Tensor:
+    """A bit plane [..., 64] (_bit_rows) by column and quad input (16 x 4 bytes), quad j's bit at bit j."""
+    lead = plane.shape[:-1]
+    bits = _bit_values(plane).reshape(*lead, QUADS, 4, PANEL)  # [..., j, i, c]
+    by_input = bits.permute(*range(len(lead)), -1, -2, -3) << torch.arange(QUADS, dtype=torch.uint8)
+    return by_input.sum(dim=-1, dtype=torch.uint8).reshape(*lead, -1)  # [..., 16 x 4]
+
+
+def _bits_from_dot(plane: torch.Tensor) -> torch.Tensor:
+    """The inverse of _bits_to_dot."""
+    lead = plane.shape[:-1]
+    by_input = plane.reshape(*lead, PANEL, 4, 1)  # [..., c, i, 1]
+    bits = (by_input >> torch.arange(QUADS, dtype=torch.uint8)) & 0x01  # [..., c, i, j]
+    return _bit_rows(bits.permute(*range(len(lead)), -1, -2, -3).reshape(*lead, BLOCK, PANEL))
 
 
 def _nibbles_to_dot(body: torch.Tensor) -> torch.Tensor:
@@ -393,6 +501,16 @@ def _nibbles_from_dot(body: torch.Tensor) -> torch.Tensor:
     return (values[..., : PANEL // 2] | (values[..., PANEL // 2 :] << 4)).reshape(*lead, -1)
 
 
+_TO_DOT = {"int8": _int8_to_dot, "nibble": _nibbles_to_dot, "two": _two_bits_to_dot, "bit": _bits_to_dot}
+_FROM_DOT = {
+    "int8": _int8_from_dot,
+    "nibble": _nibbles_from_dot,
+    "two": _two_bits_from_dot,
+    "bit": _bits_from_dot,
+}
+_VALUES = {"int8": _int8_values, "nibble": _nibble_values, "two": _two_bit_values, "bit": _bit_values}
+
+
 def pack_quantized(weight: QuantizedWeight, activations: str = "float") -> tuple[int, torch.Tensor]:
     """(format, packed [P, K / 32, tile bytes] uint8) of a quantized [N, K] weight for its inputs'
     ``activations`` ("float"; "int8" or "int16": the dot layout, format + DOT or + WIDE)."""
@@ -412,6 +530,8 @@ def _pack(weight: QuantizedWeight) -> tuple[int, torch.Tensor]:
         return Q5S, _pack_q5_k(weight, panels)
     if weight.qtype == "IQ4_XS":
         return I4S, _pack_iq4_xs(weight, panels)
+    if weight.qtype == "Q3_K":
+        return Q3S, _pack_q3_k(weight, panels)
     raw = weight.blocks  # [N, nb, block bytes]
     d = _by_panel(_f16(raw[..., 0:2]), panels).transpose(1, 2)  # [P, nb, 16]
     if weight.qtype == "Q8_0":
@@ -433,6 +553,9 @@ def _pack(weight: QuantizedWeight) -> tuple[int, torch.Tensor]:
     return Q4, _nibble_tiles(d16, m16, values, panels)
 
 
+OFFSET = {Q8S: 32, Q3S: 4}  # what a format's unsigned quant u exceeds its signed q by (q = u - offset)
+
+
 def _tile_parts(packed: torch.Tensor, fmt: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """packed [..., entries, super bytes] -> scale [..., nb, 32, 16] (each k's), m [..., nb, 1, 16] or
     None, quants [..., nb, 32, 16], all float32."""
@@ -442,46 +565,30 @@ def _tile_parts(packed: torch.Tensor, fmt: int) -> tuple[torch.Tensor, torch.Ten
         head, tiles = _split(packed, fmt)
     if dot:
         tiles = _from_dot_layout(tiles, fmt)
-    lead = tiles.shape[:-1]
-    half = BLOCK // 2
-    if fmt == Q8S:
-        assert head is not None
-        halves = _q8s_scales(head)  # [..., nb, 2, 16]
-        scale = torch.cat(
-            [halves[..., :1, :].expand(*lead, half, PANEL), halves[..., 1:, :].expand(*lead, half, PANEL)], -2
-        )
-        low = tiles[..., :LOW_PLANE].reshape(*lead, BLOCK, PANEL // 2)
-        u = torch.cat([low & 0x0F, low >> 4], dim=-1) | (_two_bit_values(tiles[..., LOW_PLANE:]) << 4)
-        return scale, None, u.float() - 32.0
-    if fmt in (I4, I4S):  # nibbles as Q4's, each an index into IQ4's values
-        if head is not None:
-            d, body = _i4s_scales(head).unsqueeze(-2), tiles
-        else:
-            d, body = (
-                tiles[..., :SCALE_BYTES].contiguous().view(torch.float16).float().unsqueeze(-2),
-                tiles[..., SCALE_BYTES:],
-            )
-        by = body.reshape(*lead, BLOCK, PANEL // 2)
-        index = torch.cat([by & 0x0F, by >> 4], dim=-1).long()
-        return d.expand(*lead, BLOCK, PANEL), None, IQ4_VALUES[index]
-    if head is not None:
+    scale, m = _block_scales(tiles, head, fmt)  # [..., nb, 2, 16] (each half block's), [..., nb, 1, 16]
+    u = _plane_values(tiles, fmt)  # [..., nb, 32, 16]
+    q = IQ4_VALUES[u.long()] if fmt in (I4, I4S) else (u - OFFSET.get(fmt, 0)).float()
+    return scale.repeat_interleave(BLOCK // 2, dim=-2), m, q
+
+
+def _block_scales(
+    tiles: torch.Tensor, head: torch.Tensor | None, fmt: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Each block's scale per half block [..., nb, 2, 16] and min [..., nb, 1, 16] (None: no min) as the
+    kernels form them, from the block tiles and, for the K types, the super-tiles' headers."""
+    if head is None:  # Q8, I4: d; Q4: d then m, float16 in the tile
+        fields = (
+            tiles[..., : HEADER_BYTES[fmt]].contiguous().view(torch.float16).float()
+        )  # [..., nb, 16 or 32]
+        d = fields[..., :PANEL].unsqueeze(-2).expand(*fields.shape[:-1], 2, PANEL)
+        return d, fields[..., PANEL:].unsqueeze(-2) if fmt == Q4 else None
+    if fmt in (Q4S, Q5S):
         d16, m16 = _q4s_scales(head, tiles[..., :PANEL])  # [..., nb, 16] each
-        d, second = d16.unsqueeze(-2), m16.unsqueeze(-2)
-        body = tiles[..., PANEL:]
-        if fmt == Q5S:
-            nibbles = body[..., :LOW_PLANE].reshape(*lead, BLOCK, PANEL // 2)
-            u = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1) | (_bit_values(body[..., LOW_PLANE:]) << 4)
-            return d.expand(*lead, BLOCK, PANEL), second, u.float()
-    else:
-        scale_bytes = 2 * SCALE_BYTES if fmt == Q4 else SCALE_BYTES  # Q4: d then m; Q8: d only
-        halves = tiles[..., :scale_bytes].contiguous().view(torch.float16).float()  # [..., nb, 16 or 32]
-        d, second = halves[..., :PANEL].unsqueeze(-2), halves[..., PANEL:].unsqueeze(-2)
-        body = tiles[..., scale_bytes:]
-    if fmt == Q8:
-        q = body.contiguous().view(torch.int8).reshape(*lead, BLOCK, PANEL).float()
-        return d.expand(*lead, BLOCK, PANEL), None, q
-    by = body.reshape(*lead, BLOCK, PANEL // 2)
-    return d.expand(*lead, BLOCK, PANEL), second, torch.cat([by & 0x0F, by >> 4], dim=-1).float()
+        return d16.unsqueeze(-2).expand(*d16.shape[:-1], 2, PANEL), m16.unsqueeze(-2)
+    if fmt == Q8S:
+        return _q8s_scales(head), None
+    halves = _six_bit_scales(head, 2 if fmt == Q3S else 1)  # [..., nb, 2 or 1, 16]
+    return halves.expand(*halves.shape[:-2], 2, PANEL), None
 
 
 def _values(scale: torch.Tensor, m: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:

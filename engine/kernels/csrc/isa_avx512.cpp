@@ -148,7 +148,7 @@ void linear_panels_avx512(const float* x, int64_t M, int64_t K, const W* packed,
 template <int F>
 struct QTile16 {
   const uint8_t* quants;
-  __m512 d, m;  // Q8S: m holds the scales of k 16..31
+  __m512 d, m;  // Q8S, Q3S: m holds the scales of k 16..31
 
   static __m512 half16(const uint8_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -174,6 +174,18 @@ struct QTile16 {
     if constexpr (F == kQ8) {
       const __m128i q8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(quants + kk * kPanel));
       return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8)), d);
+    } else if constexpr (F == kQ3S) {  // u = two | bit << 2 from the two planes, q = u - 4
+      int32_t pairs;
+      uint16_t bits;
+      std::memcpy(&pairs, quants + kk * 4, 4);
+      std::memcpy(&bits, quants + kTwoBitPlane + kk * 2, 2);
+      const __m512i pair_shift = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+      const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+      const __m512i two = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(pairs), pair_shift), _mm512_set1_epi32(3));
+      const __m512i third = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(bits), lanes), _mm512_set1_epi32(1));
+      const __m512i u = _mm512_or_si512(two, _mm512_slli_epi32(third, 2));
+      const __m512 q = _mm512_cvtepi32_ps(_mm512_sub_epi32(u, _mm512_set1_epi32(quant_offset(F))));
+      return _mm512_mul_ps(q, kk < kQBlock / 2 ? d : m);
     } else if constexpr (F == kQ8S) {  // u = low | high << 4 from the two planes, q = u - 32
       const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(quants + kk * (kPanel / 2)));
       const __m128i both = _mm_and_si128(_mm_unpacklo_epi64(bytes, _mm_srli_epi16(bytes, 4)), _mm_set1_epi8(0x0F));

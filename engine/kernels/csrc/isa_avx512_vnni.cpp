@@ -49,6 +49,13 @@ inline __m512 scales_of(const uint8_t* tile, int which) {
 template <int F>
 inline __m512i quad_of(const uint8_t* quants, int64_t j) {
   if constexpr (F == kQ8) return _mm512_loadu_si512(quants + j * kQuadRowBytes);
+  if constexpr (F == kQ3S) {  // u = the 2-bit plane's value + 4 where bit j of the bit plane's byte is set (0..7)
+    const __m512i plane = _mm512_loadu_si512(quants + (j / 4) * kQuadRowBytes);
+    const __m512i two = _mm512_and_si512(_mm512_srli_epi16(plane, static_cast<unsigned>(2 * (j % 4))), _mm512_set1_epi8(0x03));
+    const __mmask64 third =
+        _mm512_test_epi8_mask(_mm512_loadu_si512(quants + kTwoBitPlane), _mm512_set1_epi8(static_cast<char>(1 << j)));
+    return _mm512_mask_add_epi8(two, third, two, _mm512_set1_epi8(4));
+  }
   const __m512i raw = _mm512_loadu_si512(quants + (j % 4) * kQuadRowBytes);
   const __m512i low = _mm512_and_si512(j < 4 ? raw : _mm512_srli_epi16(raw, 4), _mm512_set1_epi8(0x0F));
   if constexpr (F == kQ8S) {  // u = low | high << 4 (0..63; the sums are corrected by 32 * sum(qx))
@@ -70,16 +77,16 @@ inline __m512i quad_of(const uint8_t* quants, int64_t j) {
 }
 
 // what the unsigned weight bytes add beyond the signed quants, per input: q + 128 (Q8, the IQ4 types),
-// q + 32 (Q8S)
+// q + quant_offset (Q8S, Q3S)
 template <int F>
-constexpr int32_t kWeightBias = is_biased_byte(F) ? 128 : F == kQ8S ? 32 : 0;
+constexpr int32_t kWeightBias = is_biased_byte(F) ? 128 : quant_offset(F);
 
 // R rows (from row m) x P panels over all of K, stored to y (columns from col); Q: int8 or int16 inputs
 template <int F, int R, int P, class Q>
 void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t panel_bytes, int64_t m, float* y, int64_t N,
               int64_t col) {
   constexpr int64_t TB = tile_bytes(F);
-  constexpr int passes = F == kQ8S ? 2 : 1;  // Q8S: one scale per half block
+  constexpr int passes = has_half_scales(F) ? 2 : 1;  // Q8S, Q3S: one scale per half block
   const int64_t nb = K / kQBlock;
   __m512 acc[R][P];
   for (int r = 0; r < R; ++r)

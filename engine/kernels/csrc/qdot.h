@@ -6,7 +6,8 @@
 //                        L = 127 (int8) or 32767 (int16: 256 times finer, sums still exact in int32)
 //                        s  = sum of qx over each half block (16 k)   (exact integers)
 //   per output (m, n), blocks b = 0, 1, ... in order, acc from 0:
-//     Q8, Q8S halves   acc = fma(d * dx, float(sum_k q * qx), acc)          (one fma per scale)
+//     Q8, I4, I4S,     acc = fma(d * dx, float(sum_k q * qx), acc)          (one fma per scale)
+//     Q8S, Q3S halves
 //     Q4, Q4S, Q5S     acc = fma(d * dx, float(sum_k q * qx), acc);  acc = fma(m, dx * float(s), acc)
 //
 // The integer sums are exact however an instruction set forms them (VNNI, pairs of 16-bit products,
@@ -24,6 +25,8 @@
 //              x 16 columns x 4 bytes, quad 4h + t at bits 2t of chunk h; the sums are corrected by 32 * sum(qx)
 //   Q5SD       the 5-bit u: its low 4 bits as Q4D (256 bytes), then its fifth bit in 16 columns x 4 bytes,
 //              quad j at bit j
+//   Q3SD       the 3-bit u = q + 4: its low 2 bits as Q8SD's high plane (128 bytes), then its third bit as
+//              Q5SD's fifth; the sums are corrected by 4 * sum(qx)
 //   I4D, I4SD  the nibbles as Q4D; the kernels look each up as its IQ4 value + 128 (unsigned), the sums
 //              corrected by 128 * sum(qx) as Q8D's
 // Format f + 4 multiplies int8 activations, f + 8 (the same bytes) int16 ones. Int16 activations are
@@ -41,8 +44,8 @@
 namespace nxk {
 
 constexpr int kDotFormats = kBaseFormats;  // format f + kDotFormats is format f in the dot layout
-enum QDotFormat : int { kQ8D = kQ8 + kDotFormats, kQ4D, kQ4SD, kQ8SD, kQ5SD, kI4D, kI4SD };
-enum QWideFormat : int { kQ8W = kQ8 + 2 * kDotFormats, kQ4W, kQ4SW, kQ8SW, kQ5SW, kI4W, kI4SW };  // the dot layout, int16 inputs
+enum QDotFormat : int { kQ8D = kQ8 + kDotFormats, kQ4D, kQ4SD, kQ8SD, kQ5SD, kI4D, kI4SD, kQ3SD };
+enum QWideFormat : int { kQ8W = kQ8 + 2 * kDotFormats, kQ4W, kQ4SW, kQ8SW, kQ5SW, kI4W, kI4SW, kQ3SW };  // the dot layout, int16 inputs
 constexpr int kFormats = 3 * kBaseFormats;  // every format value: base, dot layout (int8, int16 inputs)
 constexpr int64_t kQuads = kQBlock / 4;                 // 4-byte groups of k per block
 constexpr int64_t kQuadRowBytes = kPanel * 4;          // one quad of 16 columns (64 bytes)
@@ -60,6 +63,11 @@ template <int F>
 inline int32_t dot_quant(const uint8_t* quants, int64_t k, int64_t c) {
   const int64_t j = k / 4, i = k % 4;  // quad j, its input i
   if constexpr (F == kQ8) return static_cast<int8_t>(quants[(j * kPanel + c) * 4 + i] ^ 0x80);
+  if constexpr (F == kQ3S) {
+    const int32_t two = (quants[((j / 4) * kPanel + c) * 4 + i] >> (2 * (j % 4))) & 0x03;
+    const int32_t bit = (quants[kTwoBitPlane + c * 4 + i] >> j) & 0x01;
+    return (two | (bit << 2)) - quant_offset(F);
+  }
   const uint8_t byte = quants[((j % 4) * kPanel + c) * 4 + i];
   const int32_t low = j < 4 ? byte & 0x0F : byte >> 4;
   if constexpr (F == kQ8S) {
@@ -145,9 +153,9 @@ void qdot_panels(const QActsOf<Q>& a, int64_t M, int64_t K, const uint8_t* packe
           for (int64_t j = 0; j < kQuads; ++j)
             for (int64_t i = 0; i < 4; ++i)
               half[j / (kQuads / 2)] += dot_quant<F>(quants, j * 4 + i, c) * xq[j * 4 + quad_slot<Q>(i)];
-          // Q4, Q4S, Q5S: d and m; Q8S: the two halves' scales
+          // Q4, Q4S, Q5S: d and m; Q8S, Q3S: the two halves' scales
           const float d0 = tile_field<F>(tile, 0, c), d1 = tile_field<F>(tile, 1, c);
-          if constexpr (F == kQ8S) {
+          if constexpr (has_half_scales(F)) {
             acc[c] = std::fma(d0 * dx, static_cast<float>(half[0]), acc[c]);
             acc[c] = std::fma(d1 * dx, static_cast<float>(half[1]), acc[c]);
           } else {

@@ -25,13 +25,18 @@
 //        float16, then per block j 12 bytes of 6-bit sub-scales (8: column c's low 4 bits in byte c % 8,
 //        columns 8.. in the high nibbles; 4: its high 2 bits at bits 2 (c % 4) of byte c / 4), then the 8
 //        block tiles' nibbles as I4's.  w = kIQ4[q] * D * (sc - 32)
+//   Q3S  Q3_K at the file's size: per super-block of 256 k one super-tile (1760 bytes, 16 x 110): D[16]
+//        float16, then the 16 sub-blocks' (16 k each) 6-bit scales, 12 bytes each as I4S's, then the 8
+//        block tiles: the 3-bit u = q + 4 as a 2-bit plane (128: row k's 4 bytes hold column c at bits
+//        2c, as Q8S's high plane) and a bit plane (64, as Q5S's).  w = (u - 4) * D * (sc - 32)
 // GGUF's Q8_0 is Q8; Q4_1 is Q4 with its own min m; Q4_0 is Q4 with m = -8 d. Every product q * d is
 // exact in float32 (an 11-bit f16 scale times at most 8 bits), so fma(q, d, m) is gguf's d * q + m.
 // Q4_K is Q4S: its sub-block scale d = D * sc and min m = -(Dmin * mn) are exact float32 products (11
 // bits times 6), formed per block in registers (block_head), and q * d is exact (21 bits), so fma(q, d, m)
 // is gguf's d * q - dm; Q5_K's Q5S the same with u <= 31 (q * d at most 22 bits). Q6_K is Q8S: a scale per 16 k, D * sc exact (11 bits times 8) and formed per block
 // in registers too, q * d exact (at most 24 bits). IQ4_XS's D * (sc - 32) is exact (11 bits times 6) and so
-// is its product with an IQ4 value (7 bits more): every I4, I4S weight is gguf's value too.
+// is its product with an IQ4 value (7 bits more): every I4, I4S weight is gguf's value too; so is Q3_K's
+// Q3S, D * (sc - 32) times q in -4..3.
 #pragma once
 
 #include <algorithm>
@@ -45,7 +50,7 @@ namespace nxk {
 constexpr int64_t kQBlock = 32;  // k per quantization block (GGUF's QK8_0, QK4_0, QK4_1)
 // The base formats, one per weight type; the kernel tables (table.h) hold one entry per base format and
 // route, filled by a loop over them: a new weight type is a new value here (before kBaseFormats).
-enum QFormat : int { kQ8 = 0, kQ4 = 1, kQ4S = 2, kQ8S = 3, kQ5S = 4, kI4 = 5, kI4S = 6, kBaseFormats };
+enum QFormat : int { kQ8 = 0, kQ4 = 1, kQ4S = 2, kQ8S = 3, kQ5S = 4, kI4 = 5, kI4S = 6, kQ3S = 7, kBaseFormats };
 
 // IQ4_NL's and IQ4_XS's 16 values (gguf's kvalues), indexed by a nibble
 constexpr int8_t kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -57,8 +62,14 @@ constexpr bool has_min(int64_t format) {
   return f == kQ4 || f == kQ4S || f == kQ5S;
 }
 constexpr bool has_k4_head(int64_t format) { return format % kBaseFormats == kQ4S || format % kBaseFormats == kQ5S; }
+// Base formats with one scale per half block (16 k): Q6_K's and Q3_K's sub-blocks
+constexpr bool has_half_scales(int64_t format) { return format % kBaseFormats == kQ8S || format % kBaseFormats == kQ3S; }
 constexpr bool has_formed_scales(int64_t format) {
-  return has_k4_head(format) || format % kBaseFormats == kQ8S || format % kBaseFormats == kI4S;
+  return has_k4_head(format) || has_half_scales(format) || format % kBaseFormats == kI4S;
+}
+// What a format's stored unsigned quant u exceeds the signed q by (q = u - offset)
+constexpr int32_t quant_offset(int64_t format) {
+  return format % kBaseFormats == kQ8S ? 32 : format % kBaseFormats == kQ3S ? 4 : 0;
 }
 // The IQ4 types: each nibble an index into kIQ4Values
 constexpr bool is_iq4(int64_t format) { return format % kBaseFormats == kI4 || format % kBaseFormats == kI4S; }
@@ -69,8 +80,10 @@ constexpr int64_t kWideScaleBytes = kPanel * 4;  // 16 float32 scales (or mins)
 constexpr int64_t kSuperBlocks = 8;  // Q4S: blocks per super-block (GGUF's QK_K = 256 k)
 constexpr int64_t kQ4SHead = 2 * kScaleBytes + kSuperBlocks * kPanel / 2;  // a Q4S super-tile's header
 constexpr int64_t kQ8SHead = kScaleBytes + 2 * kSuperBlocks * kPanel;  // a Q8S super-tile's header
-constexpr int64_t kI4SBlockHead = kPanel / 2 + kPanel / 4;  // I4S: a block's sub-scale bytes in the header
-constexpr int64_t kI4SHead = kScaleBytes + kSuperBlocks * kI4SBlockHead;  // an I4S super-tile's header
+constexpr int64_t kSixBitScales = kPanel / 2 + kPanel / 4;  // 16 columns' 6-bit scales (I4S, Q3S): 4 + 2 bits
+constexpr int64_t kI4SHead = kScaleBytes + kSuperBlocks * kSixBitScales;  // an I4S super-tile's header
+constexpr int64_t kQ3SHead = kScaleBytes + 2 * kSuperBlocks * kSixBitScales;  // a Q3S super-tile's header
+constexpr int64_t kTwoBitPlane = kQBlock * kPanel / 4;  // Q3S: a block tile's 2-bit plane, before its bit plane
 constexpr int64_t kLowPlane = kQBlock * kPanel / 2;  // Q8S, Q5S: a block tile's low plane, before its high one
 
 // Bytes of one block's tile (Q4S: after its super-tile's header). Format + kBaseFormats, the same tile in qdot.h's
@@ -81,6 +94,7 @@ constexpr int64_t tile_bytes(int64_t format) {
          : f == kQ4  ? 2 * kScaleBytes + kQBlock * kPanel / 2
          : f == kI4  ? kScaleBytes + kQBlock * kPanel / 2
          : f == kI4S ? kQBlock * kPanel / 2
+         : f == kQ3S ? kTwoBitPlane + kQBlock * kPanel / 8
          : f == kQ4S ? kPanel + kQBlock * kPanel / 2
          : f == kQ5S ? kPanel + kLowPlane + kQBlock * kPanel / 8
                      : kLowPlane + kQBlock * kPanel / 4;
@@ -97,7 +111,7 @@ constexpr int64_t group_blocks(int64_t format) {
 }
 constexpr int64_t group_head(int64_t format) {
   const int64_t f = format % kBaseFormats;
-  return has_k4_head(f) ? kQ4SHead : f == kQ8S ? kQ8SHead : f == kI4S ? kI4SHead : 0;
+  return has_k4_head(f) ? kQ4SHead : f == kQ8S ? kQ8SHead : f == kI4S ? kI4SHead : f == kQ3S ? kQ3SHead : 0;
 }
 constexpr int64_t group_bytes(int64_t format) { return group_head(format) + group_blocks(format) * tile_bytes(format); }
 // Bytes of one panel of a [N, K] weight
@@ -152,17 +166,31 @@ static inline void q8s_block_scales(const uint8_t* panel, int64_t b, float* out)
 }
 
 // I4S block b's scales D * (sc - 32) per column, as float32 d[16] (then 16 zeros) into out: exact products
+// 16 columns' D * (sc - 32) into out, from their float16 D and 6-bit scales sc (kSixBitScales bytes at
+// ``six``: column c's low 4 bits in byte c % 8, columns 8.. in the high nibbles; its high 2 bits at bits
+// 2 (c % 4) of byte 8 + c / 4): exact products
+static inline void signed_six_bit_scales(const uint8_t* super, const uint8_t* six, float* out) {
+  const uint16_t* d = reinterpret_cast<const uint16_t*>(super);
+  for (int64_t c = 0; c < kPanel; ++c) {
+    const int lo = c < kPanel / 2 ? six[c] & 0x0F : six[c - kPanel / 2] >> 4;
+    const int sc = lo | (((six[kPanel / 2 + c / 4] >> (2 * (c % 4))) & 0x03) << 4);
+    out[c] = f16_to_float(d[c]) * static_cast<float>(sc - 32);
+  }
+}
+
+// I4S block b's scales D * (sc - 32) per column, as float32 d[16] (then 16 zeros) into out
 static inline void i4s_block_scales(const uint8_t* panel, int64_t b, float* out) {
   const uint8_t* super = panel + (b / kSuperBlocks) * group_bytes(kI4S);
-  const uint16_t* d = reinterpret_cast<const uint16_t*>(super);
-  const uint8_t* low = super + kScaleBytes + (b % kSuperBlocks) * kI4SBlockHead;
-  const uint8_t* high = low + kPanel / 2;
-  for (int64_t c = 0; c < kPanel; ++c) {
-    const int lo = c < kPanel / 2 ? low[c] & 0x0F : low[c - kPanel / 2] >> 4;
-    const int sc = lo | (((high[c / 4] >> (2 * (c % 4))) & 0x03) << 4);
-    out[c] = f16_to_float(d[c]) * static_cast<float>(sc - 32);
-    out[kPanel + c] = 0.0f;
-  }
+  signed_six_bit_scales(super, super + kScaleBytes + (b % kSuperBlocks) * kSixBitScales, out);
+  std::fill(out + kPanel, out + 2 * kPanel, 0.0f);
+}
+
+// Q3S block b's two scales per column (its sub-blocks 2j, 2j + 1), as float32 d[16] then e[16] into out
+static inline void q3s_block_scales(const uint8_t* panel, int64_t b, float* out) {
+  const uint8_t* super = panel + (b / kSuperBlocks) * group_bytes(kQ3S);
+  const uint8_t* six = super + kScaleBytes + (b % kSuperBlocks) * 2 * kSixBitScales;
+  signed_six_bit_scales(super, six, out);
+  signed_six_bit_scales(super, six + kSixBitScales, out + kPanel);
 }
 
 // Where block b's scale header is read from: its tile's own header, except for the K types, whose
@@ -179,6 +207,9 @@ static inline const uint8_t* block_head(const uint8_t* panel, int64_t b, float* 
   } else if constexpr (F % kBaseFormats == kI4S) {
     i4s_block_scales(panel, b, buf);
     return reinterpret_cast<const uint8_t*>(buf);
+  } else if constexpr (F % kBaseFormats == kQ3S) {
+    q3s_block_scales(panel, b, buf);
+    return reinterpret_cast<const uint8_t*>(buf);
   }
   return tile_at<F>(panel, b);
 }
@@ -194,7 +225,7 @@ static inline int32_t q5s_high(const uint8_t* quants, int64_t k, int64_t c) {
 }
 
 // One field of a block's scale header (block_head) for column c: which = 0 its scale d, which = 1 its
-// second field (Q4, Q4S, Q5S: the min m; Q8S: the scale of k 16..31; Q8, I4, I4S: none, 0)
+// second field (Q4, Q4S, Q5S: the min m; Q8S, Q3S: the scale of k 16..31; Q8, I4, I4S: none, 0)
 template <int F>
 inline float tile_field(const uint8_t* tile, int which, int64_t c) {
   if constexpr (has_formed_scales(F)) return reinterpret_cast<const float*>(tile)[which * kPanel + c];
@@ -204,10 +235,18 @@ inline float tile_field(const uint8_t* tile, int which, int64_t c) {
   return f16_to_float(reinterpret_cast<const uint16_t*>(tile)[which * kPanel + c]);
 }
 
+// Q3S: the quant of column c at k (0..31) of a block tile's quants, as plain tiles hold them
+static inline int32_t q3s_quant(const uint8_t* quants, int64_t k, int64_t c) {
+  const int32_t two = (quants[k * 4 + c / 4] >> (2 * (c % 4))) & 0x03;
+  const int32_t bit = (quants[kTwoBitPlane + k * 2 + c / 8] >> (c % 8)) & 0x01;
+  return (two | (bit << 2)) - quant_offset(kQ3S);
+}
+
 // The quant of column c at k (0..31) of a tile's quants, in this file's layout.
 template <int F>
 inline int32_t tile_quant(const uint8_t* quants, int64_t k, int64_t c) {
   if constexpr (F == kQ8) return reinterpret_cast<const int8_t*>(quants)[k * kPanel + c];
+  if constexpr (F == kQ3S) return q3s_quant(quants, k, c);
   const uint8_t byte = quants[k * (kPanel / 2) + c % 8];
   const int32_t low = c < 8 ? byte & 0x0F : byte >> 4;
   if constexpr (F == kQ8S) return (low | (q8s_high(quants, k, c) << 4)) - 32;
@@ -250,8 +289,8 @@ struct QTile {
       const int8_t* q = reinterpret_cast<const int8_t*>(quants) + kk * kPanel;
       w0 = O::mul(O::load_i8(q), d0);
       w1 = O::mul(O::load_i8(q + kLanes), d1);
-    } else if constexpr (F == kQ8S) {
-      int8_t q[kPanel];  // the row's quants u - 32, from its two planes
+    } else if constexpr (has_half_scales(F)) {
+      int8_t q[kPanel];  // the row's quants u - offset, from their planes
       for (int64_t c = 0; c < kPanel; ++c) q[c] = static_cast<int8_t>(tile_quant<F>(quants, kk, c));
       w0 = O::mul(O::load_i8(q), kk < kQBlock / 2 ? d0 : m0);
       w1 = O::mul(O::load_i8(q + kLanes), kk < kQBlock / 2 ? d1 : m1);

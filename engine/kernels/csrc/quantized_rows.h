@@ -1,7 +1,7 @@
 // Rows of a packed quantized weight as float32: an embedding lookup in a table held quantized (a tied
 // head's, or a quantized token table), read in place from the tiles of quantized.h and qdot.h instead of
 // dequantizing a whole panel per token. Every value is the one unpack_quantized gives: q * d (exact) for
-// Q8, Q8S and the IQ4 types, q * d + m (q * d exact, one rounding) for the 4-bit ones, in any layout.
+// Q8, Q8S, Q3S and the IQ4 types, q * d + m (q * d exact, one rounding) for the 4-bit ones, in any layout.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +27,7 @@ void quantized_rows_of(const uint8_t* packed, int64_t K, const int64_t* ids, flo
         const float q = static_cast<float>(Dot ? dot_quant<F>(quants, k, c) : tile_quant<F>(quants, k, c));
         if constexpr (F == kQ8 || is_iq4(F)) {
           row[k] = q * d;
-        } else if constexpr (F == kQ8S) {
+        } else if constexpr (has_half_scales(F)) {
           row[k] = q * (k < kQBlock / 2 ? d : second);
         } else {
           row[k] = q * d + second;  // q * d is exact: one rounding, as fma(q, d, m)
@@ -50,7 +50,7 @@ inline void quantized_rows(const uint8_t* packed, int64_t format, int64_t K, con
       quantized_rows_of<f, false>(packed, K, ids, out, begin, end);      \
     }                                                                    \
     break;
-    NXK_ROWS_OF(kQ8) NXK_ROWS_OF(kQ4) NXK_ROWS_OF(kQ4S) NXK_ROWS_OF(kQ8S) NXK_ROWS_OF(kQ5S) NXK_ROWS_OF(kI4) NXK_ROWS_OF(kI4S)
+    NXK_ROWS_OF(kQ8) NXK_ROWS_OF(kQ4) NXK_ROWS_OF(kQ4S) NXK_ROWS_OF(kQ8S) NXK_ROWS_OF(kQ5S) NXK_ROWS_OF(kI4) NXK_ROWS_OF(kI4S) NXK_ROWS_OF(kQ3S)
 #undef NXK_ROWS_OF
   }
 }

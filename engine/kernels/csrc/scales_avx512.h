@@ -47,21 +47,34 @@ static inline void q8s_scales16(const uint8_t* panel, int64_t b, float* out) {
   }
 }
 
-// I4S: d = D * (sc - 32); sc = low 4 bits (a nibble of the block's 8 bytes) | high 2 bits << 4; 16 zeros after
-static inline void i4s_scales16(const uint8_t* panel, int64_t b, float* out) {
-  const uint8_t* super = panel + (b / kSuperBlocks) * group_bytes(kI4S);
-  const uint8_t* low8 = super + kScaleBytes + (b % kSuperBlocks) * kI4SBlockHead;
-  const __m128i low_bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(low8));
+// 16 columns' D * (sc - 32) into out (quantized.h's signed_six_bit_scales): the 6-bit sc from the
+// kSixBitScales bytes at ``six``
+static inline void signed_six_bit_scales16(const uint8_t* super, const uint8_t* six, float* out) {
+  const __m128i low_bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(six));
   const __m512i by_column = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(low_bytes, low_bytes));  // byte c % 8 in lane c
   const __m512i nibble_shift = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
   const __m512i low = _mm512_and_si512(_mm512_srlv_epi32(by_column, nibble_shift), _mm512_set1_epi32(0x0F));
   int32_t word;  // the 16 columns' high 2 bits, column c at bits 2c
-  std::memcpy(&word, low8 + kPanel / 2, 4);
+  std::memcpy(&word, six + kPanel / 2, 4);
   const __m512i pair_shift = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i high = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(word), pair_shift), _mm512_set1_epi32(3));
   const __m512i sc = _mm512_sub_epi32(_mm512_or_si512(low, _mm512_slli_epi32(high, 4)), _mm512_set1_epi32(32));
   _mm512_storeu_ps(out, _mm512_mul_ps(half16_at(super), _mm512_cvtepi32_ps(sc)));
+}
+
+// I4S: d = D * (sc - 32), then 16 zeros
+static inline void i4s_scales16(const uint8_t* panel, int64_t b, float* out) {
+  const uint8_t* super = panel + (b / kSuperBlocks) * group_bytes(kI4S);
+  signed_six_bit_scales16(super, super + kScaleBytes + (b % kSuperBlocks) * kSixBitScales, out);
   _mm512_storeu_ps(out + kPanel, _mm512_setzero_ps());
+}
+
+// Q3S: the two sub-blocks' D * (sc - 32)
+static inline void q3s_scales16(const uint8_t* panel, int64_t b, float* out) {
+  const uint8_t* super = panel + (b / kSuperBlocks) * group_bytes(kQ3S);
+  const uint8_t* six = super + kScaleBytes + (b % kSuperBlocks) * 2 * kSixBitScales;
+  signed_six_bit_scales16(super, six, out);
+  signed_six_bit_scales16(super, six + kSixBitScales, out + kPanel);
 }
 
 // block_head with the K types' scales formed 16 columns at once
@@ -75,6 +88,9 @@ static inline const uint8_t* block_head16(const uint8_t* panel, int64_t b, float
     return reinterpret_cast<const uint8_t*>(buf);
   } else if constexpr (F % kBaseFormats == kI4S) {
     i4s_scales16(panel, b, buf);
+    return reinterpret_cast<const uint8_t*>(buf);
+  } else if constexpr (F % kBaseFormats == kQ3S) {
+    q3s_scales16(panel, b, buf);
     return reinterpret_cast<const uint8_t*>(buf);
   }
   return tile_at<F>(panel, b);
