@@ -21,6 +21,8 @@ for the kernels (engine/kernels/csrc/quantized.h), which compute with exactly th
                                                      128 bytes of nibbles as IQ4_NL's (136 per 256)
                                                Q3_K: 32 bytes of third bits, 64 of 2-bit values,
                                                      12 of 6-bit scales, f16 d    (110 bytes per 256)
+                                               Q2_K: 16 bytes of 4-bit scales and mins, 64 of
+                                                     2-bit values, f16 d, f16 dmin (84 bytes per 256)
     nibbles (Q4_0/Q4_1/IQ4_NL): byte j of a block holds element j in its low nibble and element j + 16 in its
     high one. The K types' layouts are gguf's (gguf.quants.Q4_K / Q5_K / Q6_K); quant_pack.py reads them.
 """
@@ -44,6 +46,7 @@ BLOCK_BYTES = {
     "IQ4_NL": 18,
     "IQ4_XS": 136,
     "Q3_K": 110,
+    "Q2_K": 84,
 }
 BLOCK_ELEMENTS = {
     "Q8_0": 32,
@@ -55,6 +58,7 @@ BLOCK_ELEMENTS = {
     "IQ4_NL": 32,
     "IQ4_XS": 256,
     "Q3_K": 256,
+    "Q2_K": 256,
 }
 QTYPES = tuple(BLOCK_BYTES)
 
@@ -130,6 +134,7 @@ SCALE_FIELDS = {
     "IQ4_NL": (0,),
     "IQ4_XS": (0,),
     "Q3_K": (108,),
+    "Q2_K": (80, 82),
 }
 
 

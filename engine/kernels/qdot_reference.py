@@ -34,7 +34,9 @@ def quantize_activations(x: torch.Tensor, limit: float = INT8_LIMIT) -> tuple[to
 
 def integer_activation_linear(x: torch.Tensor, packed: torch.Tensor, fmt: int, n: int) -> torch.Tensor:
     """x [M, K] @ a packed quantized weight in a dot layout, activations quantized: [M, N] float32."""
-    scale, mins, quants = _tile_parts(packed, fmt)  # [P, nb, 32, 16] x2 (per k), mins [P, nb, 1, 16] or None
+    scale, mins, quants = _tile_parts(
+        packed, fmt
+    )  # [P, nb, 32, 16] x2 (per k), mins [P, nb, 1 or 32, 16] or None
     panels, blocks = quants.shape[:2]
     limit = activation_limit(fmt)
 
@@ -43,7 +45,7 @@ def integer_activation_linear(x: torch.Tensor, packed: torch.Tensor, fmt: int, n
 
     w = by_column(quants).view(n, blocks, 2, HALF)  # [N, nb, 2, 16]
     d = by_column(scale)[..., ::HALF]  # [N, nb, 2]: each half block's scale
-    m = None if mins is None else by_column(mins)[..., 0]  # [N, nb]
+    m = None if mins is None else by_column(mins)[..., ::HALF]  # [N, nb, 1 or 2]: the block's min or halves
     out = torch.empty(x.shape[0], n, dtype=torch.float32)
     for i in range(x.shape[0]):
         qx, dx = quantize_activations(x[i : i + 1], limit)
@@ -51,6 +53,7 @@ def integer_activation_linear(x: torch.Tensor, packed: torch.Tensor, fmt: int, n
         sums = torch.einsum("nbhk,bhk->nbh", w, qx)  # exact integers
         y = (d * dx[None, :, None] * sums).sum(dim=(1, 2))
         if m is not None:
-            y = y + (m * (dx * qx.sum(dim=(1, 2)))[None, :]).sum(dim=1)
+            halves = qx.sum(dim=2) if m.shape[-1] == 2 else qx.sum(dim=(1, 2)).unsqueeze(-1)  # [nb, 2 or 1]
+            y = y + (m * (dx[:, None] * halves)[None]).sum(dim=(1, 2))
         out[i] = y.float()
     return out

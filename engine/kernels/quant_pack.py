@@ -47,8 +47,8 @@ import torch
 from engine.quantized import BLOCK, QuantizedWeight
 
 PANEL = 16
-Q8, Q4, Q4S, Q8S, Q5S, I4, I4S, Q3S = 0, 1, 2, 3, 4, 5, 6, 7  # quantized.h QFormat
-DOT = 8  # qdot.h: format + DOT is the format in the dot layout (int8 activations); the base formats' count
+Q8, Q4, Q4S, Q8S, Q5S, I4, I4S, Q3S, Q2S = 0, 1, 2, 3, 4, 5, 6, 7, 8  # quantized.h QFormat
+DOT = 9  # qdot.h: format + DOT is the format in the dot layout (int8 activations); the base formats' count
 WIDE = 2 * DOT  # qdot.h: format + WIDE is the dot layout with int16 activations
 # EngineConfig.activations -> format offset ("mixed": int16, int8 for context rows, the same bytes)
 ACTIVATION_OFFSET = {"float": 0, "int8": DOT, "int16": WIDE, "mixed": WIDE}
@@ -63,6 +63,7 @@ FORMAT_OF = {
     "IQ4_NL": I4,
     "IQ4_XS": I4S,
     "Q3_K": Q3S,
+    "Q2_K": Q2S,
 }
 IQ4_VALUES = torch.tensor(gguf.quants.IQ4_NL.kvalues, dtype=torch.float32)  # a nibble's value
 SCALE_BYTES = PANEL * 2  # 16 float16 scales (or mins)
@@ -78,6 +79,7 @@ TILE_BYTES = {  # per block of 32 k (Q4S: after its super-tile's header)
     I4: SCALE_BYTES + BLOCK * PANEL // 2,
     I4S: BLOCK * PANEL // 2,  # the nibbles alone (the sub-scales are in the header)
     Q3S: BLOCK * PANEL // 4 + BLOCK * PANEL // 8,  # a 2-bit plane, a bit plane
+    Q2S: BLOCK * PANEL // 4,  # a 2-bit plane
 }
 Q8S_HEAD = SCALE_BYTES + 2 * SUPER * PANEL  # D float16 [16]; int8 sub-scales [16][16]
 GROUP = {
@@ -89,6 +91,7 @@ GROUP = {
     I4: 1,
     I4S: SUPER,
     Q3S: SUPER,
+    Q2S: SUPER,
 }  # blocks per (super-)tile of the packed tensor's last dimension
 SIX_BIT_BYTES = PANEL // 2 + PANEL // 4  # 16 rows' 6-bit scales (I4S, Q3S): 4 + 2 bits
 # the planes of a block tile's quants, low bits first: 8-bit bytes, nibbles, 2-bit values, 1-bit values
@@ -101,6 +104,7 @@ PLANES = {
     I4: ("nibble",),
     I4S: ("nibble",),
     Q3S: ("two", "bit"),
+    Q2S: ("two",),
 }
 PLANE_BITS = {"int8": 8, "nibble": 4, "two": 2, "bit": 1}
 # a block tile's own scale bytes before its quants (Q4S, Q5S: the sub-scales' low bits)
@@ -113,6 +117,7 @@ HEADER_BYTES = {
     I4: SCALE_BYTES,
     I4S: 0,
     Q3S: 0,
+    Q2S: 0,
 }
 HEAD = {
     Q8: 0,
@@ -123,6 +128,7 @@ HEAD = {
     I4: 0,
     I4S: SCALE_BYTES + SUPER * SIX_BIT_BYTES,  # D float16 [16]; per block 12 bytes of sub-scales
     Q3S: SCALE_BYTES + 2 * SUPER * SIX_BIT_BYTES,  # D float16 [16]; per sub-block of 16 k 12 bytes of scales
+    Q2S: 2 * SCALE_BYTES + 2 * SUPER * PANEL,  # D, Dmin float16 [16]; per sub-block sc | mn << 4 [16]
 }  # a super-tile's header before its block tiles
 
 
@@ -205,6 +211,32 @@ def _pack_q3_k(weight: QuantizedWeight, panels: int) -> torch.Tensor:
     tiles = torch.cat([_two_bit_rows(v & 0x03), _bit_rows(v >> 2)], dim=-1)  # [P, nb, 192]
     scales = low | (high.reshape(n, supers, 16) << 4)  # [N, ns, 16], 0..63
     return _join(_six_bit_head(raw[..., 108:110], scales, panels), tiles, Q3S)
+
+
+def _pack_q2_k(weight: QuantizedWeight, panels: int) -> torch.Tensor:
+    """Q2_K blocks as Q2S super-tiles [P, K / 256, 1344] (quantized.h): the float16 D and Dmin and the 16
+    sub-blocks' bytes sc | mn << 4 in the header, then each block's 2-bit quants as a 2-bit plane."""
+    n = weight.shape[0]
+    raw = weight.blocks  # [N, K / 256, 84]: scales[16], qs[64], d, dmin
+    supers = raw.shape[1]
+    shifts = torch.arange(0, 8, 2, dtype=torch.uint8).view(1, 1, 1, 4, 1)
+    q = (raw[..., 16:80].reshape(n, supers, 2, 1, 32) >> shifts) & 0x03  # [N, ns, 2, 4, 32]: 128h + 32t + l
+    v = _by_panel(q.reshape(n, -1, BLOCK), panels).permute(0, 2, 3, 1)  # [P, nb, 32, 16]
+    scales = [_as_bytes(_by_panel(_f16(raw[..., at : at + 2]), panels).transpose(1, 2)) for at in (80, 82)]
+    subs = _by_panel(raw[..., :16], panels).permute(0, 2, 3, 1).reshape(panels, supers, -1)  # [P, ns, 256]
+    return _join(torch.cat([*scales, subs], dim=-1), _two_bit_rows(v), Q2S)
+
+
+def _q2s_scales(head: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each Q2S half block's scale D * sc and min -(Dmin * mn) per row, float32 [..., nb, 2, 16] each, from
+    the headers [..., ns, 320]: the kernels' exact products."""
+    lead, supers = head.shape[:-2], head.shape[-2]
+    d_super = head[..., :SCALE_BYTES].contiguous().view(torch.float16).float()  # [..., ns, 16]
+    dmin = head[..., SCALE_BYTES : 2 * SCALE_BYTES].contiguous().view(torch.float16).float()
+    subs = head[..., 2 * SCALE_BYTES :].reshape(*lead, supers, 2 * SUPER, PANEL).int()  # [..., ns, 16, 16]
+    scale = d_super[..., None, :] * (subs & 0x0F).float()
+    mins = -(dmin[..., None, :] * (subs >> 4).float())
+    return scale.reshape(*lead, -1, 2, PANEL), mins.reshape(*lead, -1, 2, PANEL)
 
 
 def _six_bit_head(d_bytes: torch.Tensor, scales: torch.Tensor, panels: int) -> torch.Tensor:
@@ -532,6 +564,8 @@ def _pack(weight: QuantizedWeight) -> tuple[int, torch.Tensor]:
         return I4S, _pack_iq4_xs(weight, panels)
     if weight.qtype == "Q3_K":
         return Q3S, _pack_q3_k(weight, panels)
+    if weight.qtype == "Q2_K":
+        return Q2S, _pack_q2_k(weight, panels)
     raw = weight.blocks  # [N, nb, block bytes]
     d = _by_panel(_f16(raw[..., 0:2]), panels).transpose(1, 2)  # [P, nb, 16]
     if weight.qtype == "Q8_0":
@@ -557,25 +591,28 @@ OFFSET = {Q8S: 32, Q3S: 4}  # what a format's unsigned quant u exceeds its signe
 
 
 def _tile_parts(packed: torch.Tensor, fmt: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """packed [..., entries, super bytes] -> scale [..., nb, 32, 16] (each k's), m [..., nb, 1, 16] or
-    None, quants [..., nb, 32, 16], all float32."""
+    """packed [..., entries, super bytes] -> scale [..., nb, 32, 16] (each k's), m [..., nb, 1, 16]
+    (Q2S: [..., nb, 32, 16], each k's) or None, quants [..., nb, 32, 16], all float32."""
     dot, fmt = fmt >= DOT, fmt % DOT
     tiles, head = packed, None
     if GROUP[fmt] > 1:
         head, tiles = _split(packed, fmt)
     if dot:
         tiles = _from_dot_layout(tiles, fmt)
-    scale, m = _block_scales(tiles, head, fmt)  # [..., nb, 2, 16] (each half block's), [..., nb, 1, 16]
+    scale, m = _block_scales(tiles, head, fmt)  # [..., nb, 2, 16] (each half block's), [..., nb, 1 or 2, 16]
     u = _plane_values(tiles, fmt)  # [..., nb, 32, 16]
     q = IQ4_VALUES[u.long()] if fmt in (I4, I4S) else (u - OFFSET.get(fmt, 0)).float()
+    if m is not None and m.shape[-2] == 2:  # Q2S: a min per half block
+        m = m.repeat_interleave(BLOCK // 2, dim=-2)
     return scale.repeat_interleave(BLOCK // 2, dim=-2), m, q
 
 
 def _block_scales(
     tiles: torch.Tensor, head: torch.Tensor | None, fmt: int
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Each block's scale per half block [..., nb, 2, 16] and min [..., nb, 1, 16] (None: no min) as the
-    kernels form them, from the block tiles and, for the K types, the super-tiles' headers."""
+    """Each block's scale per half block [..., nb, 2, 16] and min [..., nb, 1, 16] (Q2S: per half block,
+    [..., nb, 2, 16]; None: no min) as the kernels form them, from the block tiles and, for the K types,
+    the super-tiles' headers."""
     if head is None:  # Q8, I4: d; Q4: d then m, float16 in the tile
         fields = (
             tiles[..., : HEADER_BYTES[fmt]].contiguous().view(torch.float16).float()
@@ -587,6 +624,8 @@ def _block_scales(
         return d16.unsqueeze(-2).expand(*d16.shape[:-1], 2, PANEL), m16.unsqueeze(-2)
     if fmt == Q8S:
         return _q8s_scales(head), None
+    if fmt == Q2S:
+        return _q2s_scales(head)
     halves = _six_bit_scales(head, 2 if fmt == Q3S else 1)  # [..., nb, 2 or 1, 16]
     return halves.expand(*halves.shape[:-2], 2, PANEL), None
 
@@ -611,6 +650,6 @@ def quantized_rows(packed: torch.Tensor, fmt: int, ids: torch.Tensor) -> torch.T
     scale, m, q = _tile_parts(packed[ids // PANEL], fmt)  # [T, nb, 32, 16], [T, nb, 1, 16], [T, nb, 32, 16]
     col = (ids % PANEL).view(-1, 1, 1, 1)
     scale = scale.gather(3, col.expand(-1, scale.shape[1], BLOCK, 1))  # [T, nb, 32, 1]
-    m = None if m is None else m.gather(3, col.expand(-1, m.shape[1], 1, 1))
+    m = None if m is None else m.gather(3, col.expand(-1, m.shape[1], m.shape[2], 1))
     q = q.gather(3, col.expand(-1, q.shape[1], BLOCK, 1))  # [T, nb, 32, 1]
     return _values(scale, m, q).reshape(ids.numel(), -1)

@@ -1,5 +1,5 @@
 """GGUF files of the Llama, Qwen2, Qwen3, Gemma 3 and Phi-3 architectures: metadata -> ModelConfig, tensors as the file holds them
-(Q8_0 / Q4_0 / Q4_1 / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_NL / IQ4_XS kept as QuantizedWeight blocks for our kernels; every other type,
+(Q8_0 / Q4_0 / Q4_1 / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_NL / IQ4_XS kept as QuantizedWeight blocks for our kernels; every other type,
 the other K-quants and IQ4 included, dequantized by gguf one tensor at a time to float32), the tokenizer rebuilt from the
 file's vocabulary and merges, the chat template from its metadata.
 

@@ -39,6 +39,10 @@ template <int F>
 inline __m256i quad_of(const uint8_t* quants, int64_t j, int h) {
   if constexpr (F == kQ8) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + j * kQuadRowBytes + h * 32));
+  } else if constexpr (F == kQ2S) {  // the 2-bit plane's values (0..3)
+    const auto* plane = reinterpret_cast<const __m256i*>(quants + (j / 4) * kQuadRowBytes + h * 32);
+    return _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256(plane), static_cast<int>(2 * (j % 4))),
+                            _mm256_set1_epi8(0x03));
   } else if constexpr (F == kQ3S) {  // u = the 2-bit plane's value | bit j of the bit plane's byte << 2 (0..7)
     const auto* plane = reinterpret_cast<const __m256i*>(quants + (j / 4) * kQuadRowBytes + h * 32);
     const __m256i two = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256(plane), static_cast<int>(2 * (j % 4))),
@@ -118,7 +122,7 @@ inline const uint8_t* block_head8(const uint8_t* panel, int64_t b, float* buf) {
                          _mm256_mul_ps(half8_at(super + 16 * h), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes))));
       }
     return reinterpret_cast<const uint8_t*>(buf);
-  } else if constexpr (F % kBaseFormats == kI4S || F % kBaseFormats == kQ3S) {
+  } else if constexpr (F % kBaseFormats == kI4S || F % kBaseFormats == kQ3S || F % kBaseFormats == kQ2S) {
     return block_head<F>(panel, b, buf);  // (scalar: one product per column and sub-block)
   }
   return tile_at<F>(panel, b);
@@ -139,12 +143,12 @@ void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t m, f
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    float buf[2 * kPanel];
+    float buf[kHeadFloats];
     const uint8_t* tile = block_head8<F>(panel, b, buf);
     const uint8_t* quants = block_quants<F>(panel, b);
     const int32_t* xw[R];  // the row's inputs by 4 bytes: one quad (int8) or half a quad (int16)
     for (int r = 0; r < R; ++r) xw[r] = reinterpret_cast<const int32_t*>(a.q + (m + r) * K + b * kQBlock);
-    constexpr int passes = has_half_scales(F) ? 2 : 1;  // Q8S, Q3S: one scale per half block
+    constexpr int passes = has_half_scales(F) ? 2 : 1;  // Q8S, Q3S, Q2S: one scale per half block
     for (int pass = 0; pass < passes; ++pass) {
       __m256i is[R][2];
       __m256i pairs[R][2];  // int8 inputs x 4-bit weights: 16-bit sums of the block's pairs (see quad_dot_q8)
@@ -166,7 +170,7 @@ void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t m, f
             pairs[r][0] = _mm256_add_epi16(pairs[r][0], _mm256_maddubs_epi16(w0, x4));
             pairs[r][1] = _mm256_add_epi16(pairs[r][1], _mm256_maddubs_epi16(w1, x4));
           }
-        } else if constexpr (F == kQ8S || F == kQ5S || F == kQ3S) {  // u <= 63: a pair sum fits 16 bits, a block's would not
+        } else if constexpr (F == kQ8S || F == kQ5S || F == kQ3S || F == kQ2S) {  // u <= 63: a pair sum fits 16 bits, a block's would not
           const __m256i ones = _mm256_set1_epi16(1);
           for (int r = 0; r < R; ++r) {
             const __m256i x4 = _mm256_set1_epi32(xw[r][j]);
@@ -197,7 +201,7 @@ void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t m, f
           const __m256 scale = _mm256_mul_ps(scales_of<F>(tile, pass, h), _mm256_set1_ps(dx));
           acc[r][h] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(exact), acc[r][h]);
           if constexpr (has_min(F))
-            acc[r][h] = _mm256_fmadd_ps(scales_of<F>(tile, 1, h), _mm256_set1_ps(dx * static_cast<float>(xsum)),
+            acc[r][h] = _mm256_fmadd_ps(scales_of<F>(tile, min_field(F, pass), h), _mm256_set1_ps(dx * static_cast<float>(xsum)),
                                         acc[r][h]);
         }
       }
@@ -256,7 +260,7 @@ void exact_tile(const QActs16& a, const float* xt, int64_t K, const uint8_t* pan
         sum[r][1] = _mm256_fmadd_ps(xb, w1, sum[r][1]);
       }
     }
-    float buf[2 * kPanel];
+    float buf[kHeadFloats];
     const uint8_t* tile = block_head8<F>(panel, b, buf);
     for (int r = 0; r < R; ++r) {
       const float dx = a.d[(m + r) * nb + b];

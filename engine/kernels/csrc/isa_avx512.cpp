@@ -148,7 +148,8 @@ void linear_panels_avx512(const float* x, int64_t M, int64_t K, const W* packed,
 template <int F>
 struct QTile16 {
   const uint8_t* quants;
-  __m512 d, m;  // Q8S, Q3S: m holds the scales of k 16..31
+  __m512 d, m;  // Q8S, Q3S, Q2S: m holds the scales of k 16..31
+  __m512 n_low, n_high;  // Q2S: the mins of k 0..15 and 16..31
 
   static __m512 half16(const uint8_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -156,11 +157,15 @@ struct QTile16 {
 
   QTile16() = default;
   QTile16(const uint8_t* panel, int64_t b) : quants(block_quants<F>(panel, b)) {
-    alignas(64) float buf[2 * kPanel];
+    alignas(64) float buf[kHeadFloats];
     const uint8_t* head = block_head16<F>(panel, b, buf);
     if constexpr (has_formed_scales(F)) {
       d = _mm512_loadu_ps(reinterpret_cast<const float*>(head));
       m = _mm512_loadu_ps(reinterpret_cast<const float*>(head + kWideScaleBytes));
+      if constexpr (F == kQ2S) {
+        n_low = _mm512_loadu_ps(reinterpret_cast<const float*>(head + 2 * kWideScaleBytes));
+        n_high = _mm512_loadu_ps(reinterpret_cast<const float*>(head + 3 * kWideScaleBytes));
+      }
     } else if constexpr (F == kQ4) {
       d = half16(head);
       m = half16(head + kScaleBytes);
@@ -174,6 +179,13 @@ struct QTile16 {
     if constexpr (F == kQ8) {
       const __m128i q8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(quants + kk * kPanel));
       return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8)), d);
+    } else if constexpr (F == kQ2S) {  // q from the 2-bit plane, w = fma(q, d, m) per half block
+      int32_t pairs;
+      std::memcpy(&pairs, quants + kk * 4, 4);
+      const __m512i pair_shift = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+      const __m512i q = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(pairs), pair_shift), _mm512_set1_epi32(3));
+      const bool low = kk < kQBlock / 2;
+      return _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), low ? d : m, low ? n_low : n_high);
     } else if constexpr (F == kQ3S) {  // u = two | bit << 2 from the two planes, q = u - 4
       int32_t pairs;
       uint16_t bits;

@@ -49,6 +49,10 @@ inline __m512 scales_of(const uint8_t* tile, int which) {
 template <int F>
 inline __m512i quad_of(const uint8_t* quants, int64_t j) {
   if constexpr (F == kQ8) return _mm512_loadu_si512(quants + j * kQuadRowBytes);
+  if constexpr (F == kQ2S) {  // the 2-bit plane's values (0..3)
+    const __m512i plane = _mm512_loadu_si512(quants + (j / 4) * kQuadRowBytes);
+    return _mm512_and_si512(_mm512_srli_epi16(plane, static_cast<unsigned>(2 * (j % 4))), _mm512_set1_epi8(0x03));
+  }
   if constexpr (F == kQ3S) {  // u = the 2-bit plane's value + 4 where bit j of the bit plane's byte is set (0..7)
     const __m512i plane = _mm512_loadu_si512(quants + (j / 4) * kQuadRowBytes);
     const __m512i two = _mm512_and_si512(_mm512_srli_epi16(plane, static_cast<unsigned>(2 * (j % 4))), _mm512_set1_epi8(0x03));
@@ -86,7 +90,7 @@ template <int F, int R, int P, class Q>
 void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t panel_bytes, int64_t m, float* y, int64_t N,
               int64_t col) {
   constexpr int64_t TB = tile_bytes(F);
-  constexpr int passes = has_half_scales(F) ? 2 : 1;  // Q8S, Q3S: one scale per half block
+  constexpr int passes = has_half_scales(F) ? 2 : 1;  // Q8S, Q3S, Q2S: one scale per half block
   const int64_t nb = K / kQBlock;
   __m512 acc[R][P];
   for (int r = 0; r < R; ++r)
@@ -94,7 +98,7 @@ void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t pane
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* tile[P];  // the block's scale header (block_head)
     const uint8_t* quants[P];
-    alignas(64) float buf[P][2 * kPanel];
+    alignas(64) float buf[P][kHeadFloats];
     for (int p = 0; p < P; ++p) {
       const uint8_t* at = tile_at<F>(panel + p * panel_bytes, b);
       for (int64_t line = 0; line < TB; line += 64) __builtin_prefetch(at + 4 * TB + line);
@@ -131,7 +135,7 @@ void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t pane
       __m512 d[P], mins[P];  // the block's scales (and mins), once for all the rows
       for (int p = 0; p < P; ++p) {
         d[p] = scales_of<F>(tile[p], pass);
-        if constexpr (has_min(F)) mins[p] = scales_of<F>(tile[p], 1);
+        if constexpr (has_min(F)) mins[p] = scales_of<F>(tile[p], min_field(F, pass));
       }
       for (int r = 0; r < R; ++r) {
         const float dx = a.d[(m + r) * nb + b];

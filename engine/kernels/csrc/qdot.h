@@ -8,6 +8,7 @@
 //   per output (m, n), blocks b = 0, 1, ... in order, acc from 0:
 //     Q8, I4, I4S,     acc = fma(d * dx, float(sum_k q * qx), acc)          (one fma per scale)
 //     Q8S, Q3S halves
+//     Q2S halves       acc = fma(d * dx, float(sum_k q * qx), acc);  acc = fma(m, dx * float(s), acc) per half
 //     Q4, Q4S, Q5S     acc = fma(d * dx, float(sum_k q * qx), acc);  acc = fma(m, dx * float(s), acc)
 //
 // The integer sums are exact however an instruction set forms them (VNNI, pairs of 16-bit products,
@@ -27,6 +28,7 @@
 //              quad j at bit j
 //   Q3SD       the 3-bit u = q + 4: its low 2 bits as Q8SD's high plane (128 bytes), then its third bit as
 //              Q5SD's fifth; the sums are corrected by 4 * sum(qx)
+//   Q2SD       the 2-bit quants as Q8SD's high plane
 //   I4D, I4SD  the nibbles as Q4D; the kernels look each up as its IQ4 value + 128 (unsigned), the sums
 //              corrected by 128 * sum(qx) as Q8D's
 // Format f + 4 multiplies int8 activations, f + 8 (the same bytes) int16 ones. Int16 activations are
@@ -44,8 +46,8 @@
 namespace nxk {
 
 constexpr int kDotFormats = kBaseFormats;  // format f + kDotFormats is format f in the dot layout
-enum QDotFormat : int { kQ8D = kQ8 + kDotFormats, kQ4D, kQ4SD, kQ8SD, kQ5SD, kI4D, kI4SD, kQ3SD };
-enum QWideFormat : int { kQ8W = kQ8 + 2 * kDotFormats, kQ4W, kQ4SW, kQ8SW, kQ5SW, kI4W, kI4SW, kQ3SW };  // the dot layout, int16 inputs
+enum QDotFormat : int { kQ8D = kQ8 + kDotFormats, kQ4D, kQ4SD, kQ8SD, kQ5SD, kI4D, kI4SD, kQ3SD, kQ2SD };
+enum QWideFormat : int { kQ8W = kQ8 + 2 * kDotFormats, kQ4W, kQ4SW, kQ8SW, kQ5SW, kI4W, kI4SW, kQ3SW, kQ2SW };  // the dot layout, int16 inputs
 constexpr int kFormats = 3 * kBaseFormats;  // every format value: base, dot layout (int8, int16 inputs)
 constexpr int64_t kQuads = kQBlock / 4;                 // 4-byte groups of k per block
 constexpr int64_t kQuadRowBytes = kPanel * 4;          // one quad of 16 columns (64 bytes)
@@ -63,6 +65,7 @@ template <int F>
 inline int32_t dot_quant(const uint8_t* quants, int64_t k, int64_t c) {
   const int64_t j = k / 4, i = k % 4;  // quad j, its input i
   if constexpr (F == kQ8) return static_cast<int8_t>(quants[(j * kPanel + c) * 4 + i] ^ 0x80);
+  if constexpr (F == kQ2S) return (quants[((j / 4) * kPanel + c) * 4 + i] >> (2 * (j % 4))) & 0x03;
   if constexpr (F == kQ3S) {
     const int32_t two = (quants[((j / 4) * kPanel + c) * 4 + i] >> (2 * (j % 4))) & 0x03;
     const int32_t bit = (quants[kTwoBitPlane + c * 4 + i] >> j) & 0x01;
@@ -142,7 +145,7 @@ void qdot_panels(const QActsOf<Q>& a, int64_t M, int64_t K, const uint8_t* packe
     for (int64_t m = 0; m < M; ++m) {
       float acc[kPanel] = {};
       for (int64_t b = 0; b < nb; ++b) {
-        float buf[2 * kPanel];
+        float buf[kHeadFloats];
         const uint8_t* tile = block_head<F>(packed + p * panel_bytes, b, buf);
         const uint8_t* quants = block_quants<F>(packed + p * panel_bytes, b);
         const Q* xq = a.q + m * K + b * kQBlock;
@@ -156,8 +159,10 @@ void qdot_panels(const QActsOf<Q>& a, int64_t M, int64_t K, const uint8_t* packe
           // Q4, Q4S, Q5S: d and m; Q8S, Q3S: the two halves' scales
           const float d0 = tile_field<F>(tile, 0, c), d1 = tile_field<F>(tile, 1, c);
           if constexpr (has_half_scales(F)) {
-            acc[c] = std::fma(d0 * dx, static_cast<float>(half[0]), acc[c]);
-            acc[c] = std::fma(d1 * dx, static_cast<float>(half[1]), acc[c]);
+            for (int h = 0; h < 2; ++h) {
+              acc[c] = std::fma((h == 0 ? d0 : d1) * dx, static_cast<float>(half[h]), acc[c]);
+              if constexpr (has_min(F)) acc[c] = std::fma(tile_field<F>(tile, min_field(F, h), c), dx * static_cast<float>(s[h]), acc[c]);
+            }
           } else {
             acc[c] = std::fma(d0 * dx, static_cast<float>(half[0] + half[1]), acc[c]);
             if constexpr (has_min(F)) acc[c] = std::fma(d1, dx * static_cast<float>(s[0] + s[1]), acc[c]);

@@ -29,6 +29,10 @@
 //        float16, then the 16 sub-blocks' (16 k each) 6-bit scales, 12 bytes each as I4S's, then the 8
 //        block tiles: the 3-bit u = q + 4 as a 2-bit plane (128: row k's 4 bytes hold column c at bits
 //        2c, as Q8S's high plane) and a bit plane (64, as Q5S's).  w = (u - 4) * D * (sc - 32)
+//   Q2S  Q2_K at the file's size: per super-block of 256 k one super-tile (1344 bytes, 16 x 84): D[16] and
+//        Dmin[16] float16, then the 16 sub-blocks' bytes sc | mn << 4 ([16 sub-blocks][16]), then the 8
+//        block tiles' 2-bit quants as Q3S's 2-bit plane.  per sub-block d = D * sc, m = -(Dmin * mn),
+//        w = fma(q, d, m)
 // GGUF's Q8_0 is Q8; Q4_1 is Q4 with its own min m; Q4_0 is Q4 with m = -8 d. Every product q * d is
 // exact in float32 (an 11-bit f16 scale times at most 8 bits), so fma(q, d, m) is gguf's d * q + m.
 // Q4_K is Q4S: its sub-block scale d = D * sc and min m = -(Dmin * mn) are exact float32 products (11
@@ -36,7 +40,8 @@
 // is gguf's d * q - dm; Q5_K's Q5S the same with u <= 31 (q * d at most 22 bits). Q6_K is Q8S: a scale per 16 k, D * sc exact (11 bits times 8) and formed per block
 // in registers too, q * d exact (at most 24 bits). IQ4_XS's D * (sc - 32) is exact (11 bits times 6) and so
 // is its product with an IQ4 value (7 bits more): every I4, I4S weight is gguf's value too; so is Q3_K's
-// Q3S, D * (sc - 32) times q in -4..3.
+// Q3S, D * (sc - 32) times q in -4..3; and Q2_K's Q2S, whose D * sc (11 bits times 4) times q (2 bits)
+// is exact, so fma(q, d, m) is gguf's d * q - dm.
 #pragma once
 
 #include <algorithm>
@@ -50,7 +55,7 @@ namespace nxk {
 constexpr int64_t kQBlock = 32;  // k per quantization block (GGUF's QK8_0, QK4_0, QK4_1)
 // The base formats, one per weight type; the kernel tables (table.h) hold one entry per base format and
 // route, filled by a loop over them: a new weight type is a new value here (before kBaseFormats).
-enum QFormat : int { kQ8 = 0, kQ4 = 1, kQ4S = 2, kQ8S = 3, kQ5S = 4, kI4 = 5, kI4S = 6, kQ3S = 7, kBaseFormats };
+enum QFormat : int { kQ8 = 0, kQ4 = 1, kQ4S = 2, kQ8S = 3, kQ5S = 4, kI4 = 5, kI4S = 6, kQ3S = 7, kQ2S = 8, kBaseFormats };
 
 // IQ4_NL's and IQ4_XS's 16 values (gguf's kvalues), indexed by a nibble
 constexpr int8_t kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -59,11 +64,14 @@ constexpr int8_t kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 
 // scale and min with 6-bit sub-scales and sub-mins (Q4S, Q5S); scales formed per block as float32 (the K types)
 constexpr bool has_min(int64_t format) {
   const int64_t f = format % kBaseFormats;
-  return f == kQ4 || f == kQ4S || f == kQ5S;
+  return f == kQ4 || f == kQ4S || f == kQ5S || f == kQ2S;
 }
 constexpr bool has_k4_head(int64_t format) { return format % kBaseFormats == kQ4S || format % kBaseFormats == kQ5S; }
-// Base formats with one scale per half block (16 k): Q6_K's and Q3_K's sub-blocks
-constexpr bool has_half_scales(int64_t format) { return format % kBaseFormats == kQ8S || format % kBaseFormats == kQ3S; }
+// Base formats with one scale (Q2S: and one min) per half block (16 k): the sub-blocks of Q6_K, Q3_K, Q2_K
+constexpr bool has_half_scales(int64_t format) {
+  const int64_t f = format % kBaseFormats;
+  return f == kQ8S || f == kQ3S || f == kQ2S;
+}
 constexpr bool has_formed_scales(int64_t format) {
   return has_k4_head(format) || has_half_scales(format) || format % kBaseFormats == kI4S;
 }
@@ -84,6 +92,12 @@ constexpr int64_t kSixBitScales = kPanel / 2 + kPanel / 4;  // 16 columns' 6-bit
 constexpr int64_t kI4SHead = kScaleBytes + kSuperBlocks * kSixBitScales;  // an I4S super-tile's header
 constexpr int64_t kQ3SHead = kScaleBytes + 2 * kSuperBlocks * kSixBitScales;  // a Q3S super-tile's header
 constexpr int64_t kTwoBitPlane = kQBlock * kPanel / 4;  // Q3S: a block tile's 2-bit plane, before its bit plane
+constexpr int64_t kQ2SHead = 2 * kScaleBytes + 2 * kSuperBlocks * kPanel;  // a Q2S super-tile's header
+// A block's scale header formed as float32 (block_head): 16 columns' scale of k 0..15 (or of the whole block),
+// then the min (Q4S, Q5S) or the scale of k 16..31 (Q8S, Q3S, Q2S), then Q2S's mins of k 0..15 and 16..31
+constexpr int64_t kHeadFloats = 4 * kPanel;
+// Which field of a formed header holds the min of half block ``half`` (0, 1)
+constexpr int min_field(int64_t format, int half) { return format % kBaseFormats == kQ2S ? 2 + half : 1; }
 constexpr int64_t kLowPlane = kQBlock * kPanel / 2;  // Q8S, Q5S: a block tile's low plane, before its high one
 
 // Bytes of one block's tile (Q4S: after its super-tile's header). Format + kBaseFormats, the same tile in qdot.h's
@@ -95,6 +109,7 @@ constexpr int64_t tile_bytes(int64_t format) {
          : f == kI4  ? kScaleBytes + kQBlock * kPanel / 2
          : f == kI4S ? kQBlock * kPanel / 2
          : f == kQ3S ? kTwoBitPlane + kQBlock * kPanel / 8
+         : f == kQ2S ? kTwoBitPlane
          : f == kQ4S ? kPanel + kQBlock * kPanel / 2
          : f == kQ5S ? kPanel + kLowPlane + kQBlock * kPanel / 8
                      : kLowPlane + kQBlock * kPanel / 4;
@@ -111,7 +126,7 @@ constexpr int64_t group_blocks(int64_t format) {
 }
 constexpr int64_t group_head(int64_t format) {
   const int64_t f = format % kBaseFormats;
-  return has_k4_head(f) ? kQ4SHead : f == kQ8S ? kQ8SHead : f == kI4S ? kI4SHead : f == kQ3S ? kQ3SHead : 0;
+  return has_k4_head(f) ? kQ4SHead : f == kQ8S ? kQ8SHead : f == kI4S ? kI4SHead : f == kQ3S ? kQ3SHead : f == kQ2S ? kQ2SHead : 0;
 }
 constexpr int64_t group_bytes(int64_t format) { return group_head(format) + group_blocks(format) * tile_bytes(format); }
 // Bytes of one panel of a [N, K] weight
@@ -193,6 +208,19 @@ static inline void q3s_block_scales(const uint8_t* panel, int64_t b, float* out)
   signed_six_bit_scales(super, six + kSixBitScales, out + kPanel);
 }
 
+// Q2S block b's scales D * sc and mins -(Dmin * mn) of its two sub-blocks, into out as kHeadFloats
+static inline void q2s_block_scales(const uint8_t* panel, int64_t b, float* out) {
+  const uint8_t* super = panel + (b / kSuperBlocks) * group_bytes(kQ2S);
+  const uint16_t* d = reinterpret_cast<const uint16_t*>(super);
+  const uint8_t* subs = super + 2 * kScaleBytes + (b % kSuperBlocks) * 2 * kPanel;
+  for (int half = 0; half < 2; ++half)
+    for (int64_t c = 0; c < kPanel; ++c) {
+      const int byte = subs[half * kPanel + c];
+      out[half * kPanel + c] = f16_to_float(d[c]) * static_cast<float>(byte & 0x0F);
+      out[(2 + half) * kPanel + c] = -(f16_to_float(d[kPanel + c]) * static_cast<float>(byte >> 4));
+    }
+}
+
 // Where block b's scale header is read from: its tile's own header, except for the K types, whose
 // scales are formed into ``buf`` (2 * kPanel floats) as float32 d[16] then m[16] (Q4S: the mins; Q8S:
 // the second half block's scales): the same header the readers below take for every float32 scale.
@@ -210,6 +238,9 @@ static inline const uint8_t* block_head(const uint8_t* panel, int64_t b, float* 
   } else if constexpr (F % kBaseFormats == kQ3S) {
     q3s_block_scales(panel, b, buf);
     return reinterpret_cast<const uint8_t*>(buf);
+  } else if constexpr (F % kBaseFormats == kQ2S) {
+    q2s_block_scales(panel, b, buf);
+    return reinterpret_cast<const uint8_t*>(buf);
   }
   return tile_at<F>(panel, b);
 }
@@ -225,7 +256,8 @@ static inline int32_t q5s_high(const uint8_t* quants, int64_t k, int64_t c) {
 }
 
 // One field of a block's scale header (block_head) for column c: which = 0 its scale d, which = 1 its
-// second field (Q4, Q4S, Q5S: the min m; Q8S, Q3S: the scale of k 16..31; Q8, I4, I4S: none, 0)
+// second field (Q4, Q4S, Q5S: the min m; Q8S, Q3S, Q2S: the scale of k 16..31; Q8, I4, I4S: none, 0);
+// Q2S's third and fourth, its mins (kHeadFloats)
 template <int F>
 inline float tile_field(const uint8_t* tile, int which, int64_t c) {
   if constexpr (has_formed_scales(F)) return reinterpret_cast<const float*>(tile)[which * kPanel + c];
@@ -247,6 +279,7 @@ template <int F>
 inline int32_t tile_quant(const uint8_t* quants, int64_t k, int64_t c) {
   if constexpr (F == kQ8) return reinterpret_cast<const int8_t*>(quants)[k * kPanel + c];
   if constexpr (F == kQ3S) return q3s_quant(quants, k, c);
+  if constexpr (F == kQ2S) return (quants[k * 4 + c / 4] >> (2 * (c % 4))) & 0x03;
   const uint8_t byte = quants[k * (kPanel / 2) + c % 8];
   const int32_t low = c < 8 ? byte & 0x0F : byte >> 4;
   if constexpr (F == kQ8S) return (low | (q8s_high(quants, k, c) << 4)) - 32;
@@ -260,10 +293,11 @@ template <class O, int F>
 struct QTile {
   using V = typename O::V;
   const uint8_t* quants;
-  V d0, d1, m0, m1;  // Q8S: m holds the scales of k 16..31
+  V d0, d1, m0, m1;  // Q8S, Q3S, Q2S: m holds the scales of k 16..31
+  V n0, n1, n2, n3;  // Q2S: the mins of k 0..15 (n0, n1) and of k 16..31 (n2, n3)
 
   QTile(const uint8_t* panel, int64_t b) : quants(block_quants<F>(panel, b)) {
-    float buf[2 * kPanel];
+    float buf[kHeadFloats];
     const uint8_t* head = block_head<F>(panel, b, buf);
     if constexpr (has_formed_scales(F)) {
       const float* d = reinterpret_cast<const float*>(head);
@@ -271,6 +305,12 @@ struct QTile {
       d1 = O::load(d + kLanes);
       m0 = O::load(d + kPanel);
       m1 = O::load(d + kPanel + kLanes);
+      if constexpr (F == kQ2S) {
+        n0 = O::load(d + 2 * kPanel);
+        n1 = O::load(d + 2 * kPanel + kLanes);
+        n2 = O::load(d + 3 * kPanel);
+        n3 = O::load(d + 3 * kPanel + kLanes);
+      }
       return;
     }
     const uint16_t* d = reinterpret_cast<const uint16_t*>(head);
@@ -289,6 +329,12 @@ struct QTile {
       const int8_t* q = reinterpret_cast<const int8_t*>(quants) + kk * kPanel;
       w0 = O::mul(O::load_i8(q), d0);
       w1 = O::mul(O::load_i8(q + kLanes), d1);
+    } else if constexpr (F == kQ2S) {
+      int8_t q[kPanel];  // the row's 2-bit quants
+      for (int64_t c = 0; c < kPanel; ++c) q[c] = static_cast<int8_t>(tile_quant<F>(quants, kk, c));
+      const bool low = kk < kQBlock / 2;
+      w0 = O::fma(O::load_i8(q), low ? d0 : m0, low ? n0 : n2);
+      w1 = O::fma(O::load_i8(q + kLanes), low ? d1 : m1, low ? n1 : n3);
     } else if constexpr (has_half_scales(F)) {
       int8_t q[kPanel];  // the row's quants u - offset, from their planes
       for (int64_t c = 0; c < kPanel; ++c) q[c] = static_cast<int8_t>(tile_quant<F>(quants, kk, c));

@@ -18,7 +18,7 @@ void quantized_rows_of(const uint8_t* packed, int64_t K, const int64_t* ids, flo
     const uint8_t* panel = packed + ids[t] / kPanel * panel_bytes;
     const int64_t c = ids[t] % kPanel;
     for (int64_t b = 0; b < nb; ++b) {
-      float buf[2 * kPanel];
+      float buf[kHeadFloats];
       const uint8_t* tile = block_head<F>(panel, b, buf);
       const uint8_t* quants = block_quants<F>(panel, b);
       const float d = tile_field<F>(tile, 0, c), second = tile_field<F>(tile, 1, c);
@@ -27,6 +27,9 @@ void quantized_rows_of(const uint8_t* packed, int64_t K, const int64_t* ids, flo
         const float q = static_cast<float>(Dot ? dot_quant<F>(quants, k, c) : tile_quant<F>(quants, k, c));
         if constexpr (F == kQ8 || is_iq4(F)) {
           row[k] = q * d;
+        } else if constexpr (F == kQ2S) {  // q * d is exact: one rounding, as fma(q, d, m)
+          const int h = k < kQBlock / 2 ? 0 : 1;
+          row[k] = q * (h == 0 ? d : second) + tile_field<F>(tile, min_field(F, h), c);
         } else if constexpr (has_half_scales(F)) {
           row[k] = q * (k < kQBlock / 2 ? d : second);
         } else {
@@ -50,7 +53,7 @@ inline void quantized_rows(const uint8_t* packed, int64_t format, int64_t K, con
       quantized_rows_of<f, false>(packed, K, ids, out, begin, end);      \
     }                                                                    \
     break;
-    NXK_ROWS_OF(kQ8) NXK_ROWS_OF(kQ4) NXK_ROWS_OF(kQ4S) NXK_ROWS_OF(kQ8S) NXK_ROWS_OF(kQ5S) NXK_ROWS_OF(kI4) NXK_ROWS_OF(kI4S) NXK_ROWS_OF(kQ3S)
+    NXK_ROWS_OF(kQ8) NXK_ROWS_OF(kQ4) NXK_ROWS_OF(kQ4S) NXK_ROWS_OF(kQ8S) NXK_ROWS_OF(kQ5S) NXK_ROWS_OF(kI4) NXK_ROWS_OF(kI4S) NXK_ROWS_OF(kQ3S) NXK_ROWS_OF(kQ2S)
 #undef NXK_ROWS_OF
   }
 }

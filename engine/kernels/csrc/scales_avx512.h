@@ -77,6 +77,19 @@ static inline void q3s_scales16(const uint8_t* panel, int64_t b, float* out) {
   signed_six_bit_scales16(super, six + kSixBitScales, out + kPanel);
 }
 
+// Q2S: the two sub-blocks' D * sc, then their mins -(Dmin * mn)
+static inline void q2s_scales16(const uint8_t* panel, int64_t b, float* out) {
+  const uint8_t* super = panel + (b / kSuperBlocks) * group_bytes(kQ2S);
+  const uint8_t* subs = super + 2 * kScaleBytes + (b % kSuperBlocks) * 2 * kPanel;
+  const __m512 d = half16_at(super), dmin = half16_at(super + kScaleBytes);
+  for (int half = 0; half < 2; ++half) {
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(subs + half * kPanel)));
+    const __m512i sc = _mm512_and_si512(bytes, _mm512_set1_epi32(0x0F)), mn = _mm512_srli_epi32(bytes, 4);
+    _mm512_storeu_ps(out + half * kPanel, _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc)));
+    _mm512_storeu_ps(out + (2 + half) * kPanel, negate16(_mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mn))));
+  }
+}
+
 // block_head with the K types' scales formed 16 columns at once
 template <int F>
 static inline const uint8_t* block_head16(const uint8_t* panel, int64_t b, float* buf) {
@@ -91,6 +104,9 @@ static inline const uint8_t* block_head16(const uint8_t* panel, int64_t b, float
     return reinterpret_cast<const uint8_t*>(buf);
   } else if constexpr (F % kBaseFormats == kQ3S) {
     q3s_scales16(panel, b, buf);
+    return reinterpret_cast<const uint8_t*>(buf);
+  } else if constexpr (F % kBaseFormats == kQ2S) {
+    q2s_scales16(panel, b, buf);
     return reinterpret_cast<const uint8_t*>(buf);
   }
   return tile_at<F>(panel, b);

@@ -1,7 +1,7 @@
 """Quantized weights kept quantized: the record, the packed layout and the kernel, on whichever backend
 this process runs (NXCTL_KERNELS picks it).
 
-The kernel's promise is exact: for Q8_0, Q4_0, Q4_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS blocks its outputs are the float32 linear's
+The kernel's promise is exact: for Q8_0, Q4_0, Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS blocks its outputs are the float32 linear's
 over gguf's own dequantized weight, bit for bit, at every row count (the in-register route up to six
 rows, the dequantized-panel route beyond), at every thread count, and a row's output is the same
 alone or among others.
