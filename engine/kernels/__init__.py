@@ -33,6 +33,7 @@ import torch
 from engine.kernels import choice, portable
 
 PANEL = 16  # output columns per packed weight panel (kernels.h kPanel)
+HALF_DTYPES = (torch.bfloat16, torch.float16)  # 16-bit weights the linears read as held
 BACKENDS = choice.BACKENDS
 
 
@@ -81,10 +82,11 @@ def compiled_isas() -> tuple[str, ...]:
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
     """[N, K] -> [P, K, 16] with P = ceil(N / 16): 16 output columns side by side per k, zero-padded.
 
-    bfloat16 stays bfloat16 (half the bytes to stream); float16 is widened to float32 (exact).
+    bfloat16 and float16 stay 16-bit (half the bytes to stream; the kernels widen them in registers,
+    exactly); any other dtype is packed as float32.
     """
     n, k = weight.shape
-    dtype = torch.bfloat16 if weight.dtype == torch.bfloat16 else torch.float32
+    dtype = weight.dtype if weight.dtype in HALF_DTYPES else torch.float32
     panels = -(-n // PANEL)
     padded = torch.zeros(panels * PANEL, k, dtype=dtype)
     padded[:n] = weight.to(dtype)
@@ -116,7 +118,8 @@ def _call(name: str, *args: object) -> Any:
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
-    """x [M, K] (any float dtype) @ packed weight -> [M, N] float32; each output one fma chain over K."""
+    """x [M, K] (any float dtype) @ packed weight [P, K, 16] (float32, bfloat16 or float16) -> [M, N]
+    float32; each output one fma chain over K, a 16-bit weight widened exactly as it is read."""
     return _run("linear", x.float().contiguous(), packed, n)
 
 

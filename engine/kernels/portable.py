@@ -24,7 +24,8 @@ def _rows_times(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
-    """x [M, K] float32 @ packed [P, K, 16] -> [M, N] float32, row by row."""
+    """x [M, K] float32 @ packed [P, K, 16] (float32, bfloat16 or float16, widened exactly) -> [M, N]
+    float32, row by row."""
     panels, k, _ = packed.shape
     return _rows_times(x, packed.float().transpose(1, 2).reshape(panels * PANEL, k)[:n])
 

@@ -7,6 +7,9 @@ order, whatever the row count, the row's place among the others or the thread co
     weight [N, K]  ->  packed [P, K, 16]       P = ceil(N / 16), zero-padded
     y[m, n] = fma(x[m, K-1], w[n, K-1], ... fma(x[m, 1], w[n, 1], x[m, 0] * w[n, 0]) ...)
 
+A bfloat16 or float16 weight is packed as it is (half the bytes of float32) and widened in registers
+as it is read, exactly: its outputs are the float32 path's over the widened weight, bit for bit.
+
 A weight kept quantized (engine/quantized.py: GGUF Q8_0, Q4_0, Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, or ``--quantize int8``) is packed
 once into tiles of 16 columns x 32 inputs (engine/kernels/quant_pack.py) and multiplied by the same
 chains with each weight dequantized in registers to exactly its float value: its outputs are those of
@@ -85,8 +88,8 @@ class LinearWeight:
         self.quantized = None
         self.packed = self.invariant and weight.device.type == "cpu"
         if self.packed:
-            return kernels.pack_linear_weight(weight)  # [P, K, 16]
-        return weight.contiguous()
+            return kernels.pack_linear_weight(weight)  # [P, K, 16], a 16-bit weight kept 16-bit
+        return weight.to(self.dtype).contiguous()
 
     @property
     def context_format(self) -> int:

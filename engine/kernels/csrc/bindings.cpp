@@ -22,7 +22,7 @@ void check_packed(const torch::Tensor& packed, int64_t format) {
               "packed weight must be [P, K / ", nxk::kQBlock * group, ", ", bytes, "] uint8");
 }
 
-// x [M, K] float32; packed [P, K, 16] float32 or bfloat16 -> y [M, N] float32
+// x [M, K] float32; packed [P, K, 16] float32, bfloat16 or float16 -> y [M, N] float32
 torch::Tensor linear(const std::string& isa, const torch::Tensor& x, const torch::Tensor& packed, int64_t n) {
   check_cpu(x, "x");
   check_cpu(packed, "packed weight");
@@ -35,8 +35,11 @@ torch::Tensor linear(const std::string& isa, const torch::Tensor& x, const torch
   const auto& t = table_for(isa);
   if (packed.scalar_type() == torch::kFloat32) {
     nxk::run_linear(t, x.data_ptr<float>(), m, k, packed.data_ptr<float>(), n, y.data_ptr<float>());
+  } else if (packed.scalar_type() == torch::kHalf) {
+    const auto* w = reinterpret_cast<const nxk::Half*>(packed.data_ptr<at::Half>());
+    nxk::run_linear(t, x.data_ptr<float>(), m, k, w, n, y.data_ptr<float>());
   } else {
-    TORCH_CHECK(packed.scalar_type() == torch::kBFloat16, "packed weight must be float32 or bfloat16");
+    TORCH_CHECK(packed.scalar_type() == torch::kBFloat16, "packed weight must be float32, bfloat16 or float16");
     const auto* w = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
     nxk::run_linear(t, x.data_ptr<float>(), m, k, w, n, y.data_ptr<float>());
   }

@@ -58,6 +58,8 @@ void apply(const KernelTable& t, const HeldLinear& w, const float* x, int64_t m,
     run_qlinear(t, x + own * w.k, m - own, w.k, packed, w.context_format, w.n, y + own * w.n);
   } else if (w.data.scalar_type() == torch::kFloat32) {
     run_linear(t, x, m, w.k, w.data.data_ptr<float>(), w.n, y);
+  } else if (w.data.scalar_type() == torch::kHalf) {
+    run_linear(t, x, m, w.k, kernel_view(w.data.data_ptr<at::Half>()), w.n, y);
   } else {
     run_linear(t, x, m, w.k, reinterpret_cast<const uint16_t*>(w.data.data_ptr<at::BFloat16>()), w.n, y);
   }
@@ -125,8 +127,9 @@ HeldLinear DecoderStack::held(const torch::Tensor& data, int64_t format, int64_t
                 "a context format must be the weight's own or, for int16 inputs, int8 ones");
   } else {
     TORCH_CHECK(context_format == format, "a float linear has no context format of its own");
-    TORCH_CHECK(data.scalar_type() == torch::kFloat32 || data.scalar_type() == torch::kBFloat16,
-                "a packed linear must be float32 or bfloat16");
+    TORCH_CHECK(data.scalar_type() == torch::kFloat32 || data.scalar_type() == torch::kBFloat16 ||
+                    data.scalar_type() == torch::kHalf,
+                "a packed linear must be float32, bfloat16 or float16");
     TORCH_CHECK(data.size(1) == k && data.size(2) == kPanel, "a packed linear must be [P, ", k, ", 16]");
   }
   return HeldLinear{data, format, context_format, n, k, {}};

@@ -17,7 +17,7 @@
 
 namespace nxk {
 
-// One linear weight as the engine holds it: packed float panels [P, K, 16] (float32 or bfloat16,
+// One linear weight as the engine holds it: packed float panels [P, K, 16] (float32, bfloat16 or float16,
 // format < 0) or packed quantized tiles [P, K / 32, tile bytes] uint8 in ``format`` (quantized.h).
 // ``context_format``: the format a step's context rows (see forward) multiply it in: ``format``, or
 // for a weight in the int16 dot layout the int8 one (qdot.h: the same bytes).

@@ -37,6 +37,9 @@ inline __m512 load_panel_row(const uint16_t* p) {  // 16 bfloat16 -> float32 (ex
   const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
+inline __m512 load_panel_row(const Half* p) {  // 16 float16 -> float32 (exact)
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
 
 // the first ``cols`` (<= 16) of one output row's 16 columns
 inline void store_columns(float* y, __m512 v, int64_t cols) {
@@ -323,6 +326,7 @@ KernelTable avx512_table() {
   t.name = "avx512";
   t.linear_f32 = &linear_panels_avx512<float>;
   t.linear_bf16 = &linear_panels_avx512<uint16_t>;
+  t.linear_f16 = &linear_panels_avx512<Half>;
   for_each_base_format([&t](auto format) {
     constexpr int F = decltype(format)::value;
     t.qlinear[F] = &qlinear_panels_avx512<F>;

@@ -52,7 +52,9 @@ typename O::V vexp(typename O::V x) {
   return O::zero_below(O::scale_pow2(y, n), x, kExpFloor);
 }
 
-// ---- linear: x [M, K] float32, packed weight [P, K, 16] (float32 or bf16 bits), y [M, N] float32 ----
+// ---- linear: x [M, K] float32, packed weight [P, K, 16] (float32, bf16 or f16 bits), y [M, N] float32 ----
+// A 16-bit weight is widened to float32 in registers as it is loaded (exact), so its outputs are the
+// float32 linear's over the widened weight, bit for bit.
 
 // the first ``cols`` (<= 16) of one output row's 16 columns, held in two vectors
 template <class O>

@@ -2,7 +2,7 @@
 // each runs one kernel of a table over raw buffers, splitting its work between threads over outputs
 // only (column panels, rows, query rows x KV heads), never inside a reduction. One place decides each
 // split, so a kernel called from Python and the same kernel inside the decoder's layer loop run alike.
-// T is float (float32) or uint16_t (bfloat16 bits).
+// T is float (float32) or uint16_t (bfloat16 bits); a linear's weight may also be Half (float16 bits).
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -53,6 +53,8 @@ void run_linear(const KernelTable& t, const float* x, int64_t m, int64_t k, cons
   at::parallel_for(0, panels, grain, [&](int64_t b, int64_t e) {
     if constexpr (std::is_same_v<T, float>) {
       t.linear_f32(x, m, k, packed, n, y, b, e);
+    } else if constexpr (std::is_same_v<T, Half>) {
+      t.linear_f16(x, m, k, packed, n, y, b, e);
     } else {
       t.linear_bf16(x, m, k, packed, n, y, b, e);
     }

@@ -18,6 +18,7 @@ struct KernelTable {
   const char* name;
   void (*linear_f32)(const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, int64_t);
   void (*linear_bf16)(const float*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t, int64_t);
+  void (*linear_f16)(const float*, int64_t, int64_t, const Half*, int64_t, float*, int64_t, int64_t);
   void (*attention_f32)(const AttentionArgs<float>&, int64_t, int64_t);
   void (*attention_bf16)(const AttentionArgs<uint16_t>&, int64_t, int64_t);
   void (*attention_f32_f16)(const AttentionArgs<float, Half>&, int64_t, int64_t);  // float16 cache
@@ -79,6 +80,7 @@ KernelTable make_table(const char* name) {
   t.name = name;
   t.linear_f32 = &linear_panels<O, float>;
   t.linear_bf16 = &linear_panels<O, uint16_t>;
+  t.linear_f16 = &linear_panels<O, Half>;
   t.attention_f32 = &attention_items<O, float>;
   t.attention_bf16 = &attention_items<O, uint16_t>;
   t.attention_f32_f16 = &attention_items<O, float, Half>;

@@ -28,7 +28,7 @@ def _call(isa: str, fn: str, *args):
     return getattr(module, fn)(isa, *args)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", [(576, 576), (1536, 576), (576, 1536), (100, 37), (3, 8)])
 def test_linear_rows_alone_equal_rows_in_any_batch(dtype, shape):
     n, k = shape
@@ -45,7 +45,7 @@ def test_linear_rows_alone_equal_rows_in_any_batch(dtype, shape):
 
 
 @needs_compiled
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_every_instruction_set_and_thread_count_gives_the_same_bits(dtype):
     gen = torch.Generator().manual_seed(1)
     weight = torch.randn(200, 96, generator=gen).to(dtype)
@@ -77,7 +77,7 @@ def test_every_instruction_set_and_thread_count_gives_the_same_bits(dtype):
 
 
 @needs_compiled
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", [(960, 576), (576, 1536), (40, 130), (3, 8), (49, 300)])
 def test_linear_bits_equal_in_every_instruction_set_at_every_row_count(dtype, shape):
     """Every route through the linears (one row's side-by-side panels, a few rows' groups over K in

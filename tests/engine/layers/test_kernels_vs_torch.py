@@ -133,11 +133,11 @@ def test_bfloat16_weights_give_the_bits_of_their_float32_values():
     torch.testing.assert_close(y, F.linear(x.bfloat16(), weight).float(), rtol=2e-2, atol=5e-2)
 
 
-def test_float16_weights_are_widened_exactly():
+def test_float16_weights_are_held_16_bit_and_widened_exactly():
     gen = _gen(5)
     weight = torch.randn(33, 40, generator=gen).half()
     packed = kernels.pack_linear_weight(weight)
-    assert packed.dtype == torch.float32
+    assert packed.dtype == torch.float16
     assert torch.equal(kernels.unpack_linear_weight(packed, 33, torch.float16), weight)
     x = torch.randn(4, 40, generator=gen)
     assert torch.equal(
