@@ -80,6 +80,8 @@ class ModelConfig:
     name: str = ""
     # (HF weight name, GGUF type) of each weight the file holds in a type kept quantized (quantized.BLOCK_BYTES)
     quantized_weights: tuple[tuple[str, str], ...] = ()
+    # (HF weight name, "F16" or "BF16") of each matrix the file holds in 16 bits (held so on the CPU kernels)
+    half_weights: tuple[tuple[str, str], ...] = ()
     attention_bias: bool = False
     qk_norm: bool = False
     sliding_window: int = 0  # 0: none

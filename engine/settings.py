@@ -75,7 +75,10 @@ ACTIVATION_MODES = ("float", "int16", "int8", "mixed")
 DEFAULT_ACTIVATIONS = "mixed"
 KV_CACHE_DTYPES = ("auto", *DTYPE_NAMES)
 
-DTYPE_HELP = "float32, bfloat16 or float16."
+DTYPE_HELP = (
+    "float32, bfloat16 or float16. Under float32 a GGUF's F16 / BF16 matrices stay 16-bit in memory (the CPU "
+    "kernels widen them exactly: the float32 outputs)."
+)
 QUANTIZE_HELP = (
     "auto: keep a GGUF's quantized weights quantized (Q8_0, Q4_0, Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS); none: dequantize to "
     "--dtype; int8: also quantize float weights to Q8_0."

@@ -32,7 +32,8 @@ __all__ = [
 @dataclass
 class LoadedModel:
     """What a loader returns, whatever the source: config, weights by HF name as the file holds them
-    (float32 tensors, or QuantizedWeight blocks for a quantized GGUF tensor), tokenizer."""
+    (float tensors: float32, or 16-bit where the file's are, a GGUF's F16 / BF16 matrices included; or
+    QuantizedWeight blocks for a quantized GGUF tensor), tokenizer."""
 
     source: ModelSource
     config: ModelConfig
@@ -40,7 +41,8 @@ class LoadedModel:
     tokenizer: ChatTokenizer
 
     def dense_weights(self) -> dict[str, torch.Tensor]:
-        """Every weight as float32 (quantized ones dequantized: the values our kernels compute with)."""
+        """Every weight as a plain tensor (quantized ones dequantized to float32: the values our kernels
+        compute with; float ones as held, 16-bit ones 16-bit)."""
         return {name: dense(w) for name, w in self.weights.items()}
 
 

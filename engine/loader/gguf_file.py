@@ -1,7 +1,9 @@
 """GGUF files of the Llama, Qwen2, Qwen3, Gemma 3 and Phi-3 architectures: metadata -> ModelConfig, tensors as the file holds them
-(Q8_0 / Q4_0 / Q4_1 / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_NL / IQ4_XS kept as QuantizedWeight blocks for our kernels; every other type,
-the other K-quants and IQ4 included, dequantized by gguf one tensor at a time to float32), the tokenizer rebuilt from the
-file's vocabulary and merges, the chat template from its metadata.
+(Q8_0 / Q4_0 / Q4_1 / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_NL / IQ4_XS kept as QuantizedWeight blocks
+for our kernels; F16 and BF16 matrices kept as float16 / bfloat16 tensors, their bits copied, which our
+kernels widen exactly as they read them; every other type (Q5_0, Q5_1) and 16-bit vectors dequantized by
+gguf one tensor at a time to float32), the tokenizer rebuilt from the file's vocabulary and merges, the
+chat template from its metadata.
 
 Trap: llama.cpp's converter permutes attn_q / attn_k rows of Llama-architecture files (Mistral's
 included) for its RoPE layout; we undo it so the weights are in the Hugging Face (rotate-half) layout
@@ -42,6 +44,8 @@ SUPPORTED_TYPES = {
         "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
     )
 }  # fmt: skip
+# matrices kept in 16 bits (the values gguf's dequantization gives, widened exactly in the kernels)
+HALF_TYPES = {"F16": torch.float16, "BF16": torch.bfloat16}
 LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
@@ -156,6 +160,13 @@ def gguf_config(reader: gguf.GGUFReader, name: str) -> ModelConfig:
         for t in reader.tensors
         if t.tensor_type.name in BLOCK_BYTES and (hf := _hf_name(t.name, str(arch))) is not None
     )
+    half = tuple(
+        (hf, t.tensor_type.name)
+        for t in reader.tensors
+        if t.tensor_type.name in HALF_TYPES
+        and len(t.shape) == 2
+        and (hf := _hf_name(t.name, str(arch))) is not None
+    )
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     head_dim = _as_int(
         _field(
@@ -183,6 +194,7 @@ def gguf_config(reader: gguf.GGUFReader, name: str) -> ModelConfig:
         eos_token_ids=() if eos is None else (_as_int(eos),),
         name=name,
         quantized_weights=quantized,
+        half_weights=half,
         attention_bias="blk.0.attn_q.bias" in names,
         qk_norm="blk.0.attn_q_norm.weight" in names,
         sliding_window=0 if family else _as_int(_field(reader, p + "attention.sliding_window", 0)),
@@ -271,9 +283,13 @@ def _hf_name(gguf_name: str, arch: str) -> str | None:
 
 
 def _tensor(tensor: gguf.ReaderTensor) -> torch.Tensor | QuantizedWeight:
-    """One GGUF tensor, copied out of the file's mapping: quantized blocks kept, float types widened."""
+    """One GGUF tensor, copied out of the file's mapping: quantized blocks and 16-bit matrices kept,
+    other types widened to float32."""
     shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
     qtype = tensor.tensor_type.name
+    if qtype in HALF_TYPES and len(shape) == 2:
+        raw = np.array(tensor.data, copy=True).view(np.uint8)  # F16: float16 [N, K]; BF16: bytes [N, 2K]
+        return torch.from_numpy(raw).view(HALF_TYPES[qtype]).reshape(shape)  # [N, K]
     if qtype in BLOCK_BYTES and len(shape) == 2:
         raw = np.array(tensor.data, dtype=np.uint8, copy=True)  # [N, K / 32 * block bytes]
         blocks = torch.from_numpy(raw).view(shape[0], shape[1] // BLOCK_ELEMENTS[qtype], BLOCK_BYTES[qtype])
@@ -313,7 +329,8 @@ def _unmap(reader: gguf.GGUFReader, tensor: gguf.ReaderTensor) -> None:
 def gguf_weights(
     reader: gguf.GGUFReader, config: ModelConfig, name: str
 ) -> dict[str, torch.Tensor | QuantizedWeight]:
-    """Every tensor under its Hugging Face name, q/k un-permuted; quantized ones stay quantized."""
+    """Every tensor under its Hugging Face name, q/k un-permuted; quantized ones stay quantized, F16 and
+    BF16 matrices 16-bit."""
     weights: dict[str, torch.Tensor | QuantizedWeight] = {}
     for tensor in track(reader.tensors, len(reader.tensors), f"loading {name}"):
         if tensor.tensor_type not in SUPPORTED_TYPES:

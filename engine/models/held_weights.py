@@ -3,8 +3,9 @@
 The same holding rules as engine/models/llama.py, counted instead of applied: fused q|k|v and gate|up
 linears, quantized when all their parts are quantized (packed tiles, see engine/kernels/quant_pack.py;
 parts of different types as segments, engine/layers/segmented_linear.py), float otherwise (packed panels of 16 rows on the CPU when invariant:
-float32, or bfloat16 kept); a float embedding table held beside a tied head, a quantized one read
-through it. tests/engine/test_quantized_engine.py checks these counts against loaded engines.
+float32, or bfloat16 / float16 kept; a GGUF file's F16 / BF16 matrices, config.half_weights, kept 16-bit
+under float32 when every part of a linear is in one of them); a float embedding table held beside a
+tied head (16-bit when the file's is), a quantized one read through it. tests/engine/test_quantized_engine.py checks these counts against loaded engines.
 """
 
 from __future__ import annotations
@@ -68,8 +69,9 @@ def _weight_bytes(
     torch_dtype = parse_dtype(dtype)
     width = dtype_bytes(torch_dtype)
     packed = invariant and on_cpu
-    panel_width = (2 if dtype == "bfloat16" else 4) if packed else width
+    panel_width = (2 if dtype in ("bfloat16", "float16") else 4) if packed else width
     file_types = dict(config.quantized_weights) if quantize != "none" and on_cpu else {}
+    half = dict(config.half_weights) if packed and torch_dtype == torch.float32 else {}
     tied = config.tie_word_embeddings
     quantized: list[str] = []  # the type of each linear held quantized
 
@@ -86,7 +88,9 @@ def _weight_bytes(
             part_rows = [(qtype, n) for qtype, (_, n) in zip(kinds, parts, strict=True)]
             runs = itertools.groupby(part_rows, key=lambda part: part[0])  # consecutive parts of one type
             return sum(packed_bytes(str(qtype), sum(n for _, n in run), k) for qtype, run in runs)
-        return (-(-rows // PANEL) * PANEL if packed else rows) * k * panel_width
+        halves = {half.get(name) for name, _ in parts}
+        held_width = 2 if len(halves) == 1 and None not in halves and set(kinds) == {None} else panel_width
+        return (-(-rows // PANEL) * PANEL if packed else rows) * k * held_width
 
     h, q, kv, inter = config.hidden_size, config.q_size, config.kv_size, config.intermediate_size
     total = 0
@@ -109,5 +113,5 @@ def _weight_bytes(
     )  # a family's q/k/v biases and per-head q/k norm weights
     embedding_kind = kind(EMBEDDING, h)
     if embedding_kind is None:
-        return total, config.vocab_size * h * width, bool(quantized)
+        return total, config.vocab_size * h * (2 if EMBEDDING in half else width), bool(quantized)
     return total, 0 if tied else packed_bytes(embedding_kind, config.vocab_size, h), bool(quantized)

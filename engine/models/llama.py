@@ -99,7 +99,9 @@ class PagedLlama:
 
     ``quantize`` (EngineConfig): "auto" keeps quantized weights quantized, "none" dequantizes them to
     ``dtype``, "int8" also quantizes float linear weights (K a multiple of 32) to Q8_0. Quantized
-    weights need our CPU kernels: elsewhere they are dequantized. ``activations`` "int8" or "int16":
+    weights need our CPU kernels: elsewhere they are dequantized. A GGUF file's F16 / BF16 matrices
+    (config.half_weights) stay 16-bit under float32 on the invariant CPU kernels, which widen them
+    exactly as they read them (the embedding rows widened as they are looked up). ``activations`` "int8" or "int16":
     their linears quantize each row's inputs per 32 (engine/kernels/csrc/qdot.h).
     """
 
@@ -173,17 +175,21 @@ class PagedLlama:
         """Each weight as this model holds it: on the device in ``dtype``, or quantized (see the class)."""
         keep_quantized = quantize != "none" and self.device.type == "cpu"
         tied_embedding = self.config.tie_word_embeddings or "lm_head.weight" not in weights
+        keep_half = self.invariant and self.device.type == "cpu" and self.dtype == torch.float32
+        half = dict(self.config.half_weights) if keep_half else {}
         held: dict[str, Weight] = {}
         for name, w in weights.items():
             if isinstance(w, QuantizedWeight) and keep_quantized:
                 held[name] = w
                 continue
-            t = dense(w).to(device=self.device, dtype=self.dtype)
+            t = dense(w).to(device=self.device)
             int8 = quantize == "int8" and keep_quantized and t.dim() == 2
             if int8 and int8_quantizes(name, t.shape[1], tied_embedding):
-                held[name] = quantize_q8_0(t)
+                held[name] = quantize_q8_0(t.to(self.dtype))
+            elif name in half and t.dtype in kernels.HALF_DTYPES:
+                held[name] = t  # 16-bit, as the file holds it
             else:
-                held[name] = t
+                held[name] = t.to(self.dtype)
         return held
 
     def _add_linear(self, key: str, names: list[str], weights: list[Weight]) -> None:
@@ -202,7 +208,9 @@ class PagedLlama:
         if len(quantized) == len(weights):
             fused: Weight = QuantizedWeight.stack(quantized)
         else:  # float, or float and quantized parts: the fused weight is held as float
-            fused = torch.cat([dense(w).to(device=self.device, dtype=self.dtype) for w in weights])
+            dtypes = {w.dtype if isinstance(w, torch.Tensor) else None for w in weights}
+            dtype = dtypes.pop() if len(dtypes) == 1 else self.dtype  # 16-bit parts of one dtype stay so
+            fused = torch.cat([dense(w).to(device=self.device, dtype=dtype or self.dtype) for w in weights])
         self.linears[key] = LinearWeight(fused, self.invariant, self.dtype, activations)
 
     @property
@@ -238,7 +246,7 @@ class PagedLlama:
         if self.embedding is not None:
             rows = self.embedding.rows(token_ids)
         else:
-            rows = self.w["model.embed_tokens.weight"][token_ids]
+            rows = self.w["model.embed_tokens.weight"][token_ids].to(self.dtype)  # a 16-bit table widened
         if self.config.embedding_scale != 1.0:
             return rows * torch.tensor(self.config.embedding_scale, dtype=rows.dtype)
         return rows

@@ -55,6 +55,7 @@ def first_layers(target: LoadedModel, count: int) -> LoadedModel:
         target.config,
         num_layers=count,
         quantized_weights=tuple((n, t) for n, t in target.config.quantized_weights if n in kept),
+        half_weights=tuple((n, t) for n, t in target.config.half_weights if n in kept),
     )
     return LoadedModel(target.source, config, kept, target.tokenizer)
 

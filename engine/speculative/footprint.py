@@ -18,14 +18,19 @@ def draft_config(draft_model: str, target: ModelConfig) -> ModelConfig:
             raise InvalidRequestError(
                 f"draft model {draft_model!r}: write {SELF_DRAFT}N with N in [1, {target.num_layers - 1}]"
             )
+
+        def kept(weights: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+            return tuple(
+                (n, t)
+                for n, t in weights
+                if not n.startswith("model.layers.") or int(n.split(".")[2]) < int(count)
+            )
+
         return dataclasses.replace(
             target,
             num_layers=int(count),
-            quantized_weights=tuple(
-                (n, t)
-                for n, t in target.quantized_weights
-                if not n.startswith("model.layers.") or int(n.split(".")[2]) < int(count)
-            ),
+            quantized_weights=kept(target.quantized_weights),
+            half_weights=kept(target.half_weights),
         )
     from engine.loader import load_config
 
