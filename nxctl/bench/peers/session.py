@@ -127,7 +127,8 @@ class PeerRuns:
             return None
         try:
             model, settings = self._model(spec, config)
-            job = make_job(str(model), settings, self.threads, self.max_num_seqs, self.repeat, runs)
+            # absolute: the driver runs in a folder of its own (a relative --model would not be found)
+            job = make_job(str(model.resolve()), settings, self.threads, self.max_num_seqs, self.repeat, runs)
             log = self.peers_dir / "logs" / f"{schedule}.log"
             answer = run_driver(
                 spec.python(self.peers_dir),

@@ -176,3 +176,24 @@ def test_a_crashing_peer_is_skipped_with_its_reason(tiny_loaded: LoadedModel, tm
     assert len(said) == 1 and said[0].startswith("peer ct2_int8 failed: exit status 1:")
     assert "ctranslate2" in said[0]
     assert json.loads((tmp_path / "models").iterdir().__next__().joinpath("config.json").read_text())
+
+
+def test_a_relative_model_path_reaches_the_driver_absolute(
+    small_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver runs in a temporary folder: `--model .peers/x.gguf` must reach it as an absolute path."""
+    _fake_venv(tmp_path, "llamacpp")
+    monkeypatch.chdir(small_gguf.parent)
+    loaded = load_model(small_gguf.name)
+    assert not loaded.source.path.is_absolute()
+    jobs: list[dict[str, object]] = []
+
+    def driver(*args: object, **_: object) -> None:
+        jobs.append(args[2])  # type: ignore[arg-type]  # run_driver(python, driver, job, env, log)
+        raise PeerError("stopped after the job was written")
+
+    monkeypatch.setattr("nxctl.bench.peers.session.run_driver", driver)
+    said: list[str] = []
+    runs = PeerRuns(loaded, REQUESTS, ("llamacpp",), ("llamacpp",), tmp_path, 2, 4, 1, said.append)
+    assert runs.outcome("llamacpp") is None
+    assert jobs and jobs[0]["model"] == str(small_gguf.resolve())
