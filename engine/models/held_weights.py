@@ -5,7 +5,9 @@ linears, quantized when all their parts are quantized (packed tiles, see engine/
 parts of different types as segments, engine/layers/segmented_linear.py), float otherwise (packed panels of 16 rows on the CPU when invariant:
 float32, or bfloat16 / float16 kept; a GGUF file's F16 / BF16 matrices, config.half_weights, kept 16-bit
 under float32 when every part of a linear is in one of them); a float embedding table held beside a
-tied head (16-bit when the file's is), a quantized one read through it. tests/engine/test_quantized_engine.py checks these counts against loaded engines.
+tied head (16-bit when the file's is), a quantized one read through it.
+tests/engine/test_quantized_engine.py and tests/engine/loader/test_gguf_half.py check these counts
+against loaded engines.
 """
 
 from __future__ import annotations

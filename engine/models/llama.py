@@ -101,8 +101,9 @@ class PagedLlama:
     ``dtype``, "int8" also quantizes float linear weights (K a multiple of 32) to Q8_0. Quantized
     weights need our CPU kernels: elsewhere they are dequantized. A GGUF file's F16 / BF16 matrices
     (config.half_weights) stay 16-bit under float32 on the invariant CPU kernels, which widen them
-    exactly as they read them (the embedding rows widened as they are looked up). ``activations`` "int8" or "int16":
-    their linears quantize each row's inputs per 32 (engine/kernels/csrc/qdot.h).
+    exactly as they read them (the embedding rows widened as they are looked up).
+    ``activations`` "int8" or "int16": their linears quantize each row's inputs per 32
+    (engine/kernels/csrc/qdot.h).
     """
 
     def __init__(
