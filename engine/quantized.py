@@ -9,6 +9,8 @@ for the kernels (engine/kernels/csrc/quantized.h), which compute with exactly th
     blocks  [N, K / block, block bytes] uint8  Q8_0: f16 d, 32 x int8             (34 bytes per 32)
                                                Q4_0: f16 d, 16 bytes of nibbles   (18 bytes per 32)
                                                Q4_1: f16 d, f16 m, 16 bytes       (20 bytes per 32)
+                                               Q5_0: f16 d, 4 bytes of fifth bits, 16 bytes (22)
+                                               Q5_1: f16 d, f16 m, 4 bytes of fifth bits, 16 (24)
                                                Q4_K: f16 d, f16 dmin, 12 bytes of 6-bit scales and
                                                      mins, 128 bytes of nibbles   (144 bytes per 256)
                                                Q5_K: as Q4_K, with 32 bytes of fifth bits before
@@ -23,7 +25,7 @@ for the kernels (engine/kernels/csrc/quantized.h), which compute with exactly th
                                                      12 of 6-bit scales, f16 d    (110 bytes per 256)
                                                Q2_K: 16 bytes of 4-bit scales and mins, 64 of
                                                      2-bit values, f16 d, f16 dmin (84 bytes per 256)
-    nibbles (Q4_0/Q4_1/IQ4_NL): byte j of a block holds element j in its low nibble and element j + 16 in its
+    nibbles (Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL): byte j of a block holds element j in its low nibble and element j + 16 in its
     high one. The K types' layouts are gguf's (gguf.quants.Q4_K / Q5_K / Q6_K); quant_pack.py reads them.
 """
 
@@ -47,6 +49,8 @@ BLOCK_BYTES = {
     "IQ4_XS": 136,
     "Q3_K": 110,
     "Q2_K": 84,
+    "Q5_0": 22,
+    "Q5_1": 24,
 }
 BLOCK_ELEMENTS = {
     "Q8_0": 32,
@@ -59,6 +63,8 @@ BLOCK_ELEMENTS = {
     "IQ4_XS": 256,
     "Q3_K": 256,
     "Q2_K": 256,
+    "Q5_0": 32,
+    "Q5_1": 32,
 }
 QTYPES = tuple(BLOCK_BYTES)
 

@@ -80,7 +80,7 @@ DTYPE_HELP = (
     "kernels widen them exactly: the float32 outputs)."
 )
 QUANTIZE_HELP = (
-    "auto: keep a GGUF's quantized weights quantized (Q8_0, Q4_0, Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS); none: dequantize to "
+    "auto: keep a GGUF's quantized weights quantized (every quantized type: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS); none: dequantize to "
     "--dtype; int8: also quantize float weights to Q8_0."
 )
 ACTIVATIONS_HELP = (
@@ -135,7 +135,7 @@ class EngineSettings:
     """The engine settings a user picks per model; invariants checked on construction (one message each,
     whoever constructs it). Each field's ``help`` is its command-line help (``--field-name``).
 
-    ``quantize``: "auto" keeps a file's quantized weights quantized (GGUF Q8_0 / Q4_0 / Q4_1 / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_NL / IQ4_XS)
+    ``quantize``: "auto" keeps a file's quantized weights quantized (every quantized GGUF type: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)
     and float weights in ``dtype``; "none" dequantizes everything to ``dtype``; "int8" also quantizes float
     linear weights to Q8_0 (int8 per 32 inputs, one scale each). Quantized weights run on the CPU kernels;
     on another device they are dequantized.

@@ -179,7 +179,7 @@ def _kernel_rows(run: GateRun, seed: int) -> None:
 
 def _quantized_rows(rng: random.Random, gen: torch.Generator) -> list[str]:
     """Quantized linears on the real shapes, each in a type drawn from those held quantized (Q8_0, Q4_0,
-    Q4_1, IQ4_NL; Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS with K rounded up to their 256), float, int16 and int8 activations: a row alone ==
+    Q4_1, Q5_0, Q5_1, IQ4_NL; Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS with K rounded up to their 256), float, int16 and int8 activations: a row alone ==
     among others."""
     differing: list[str] = []
     for n, k in SMOLLM2_SHAPES:

@@ -47,15 +47,15 @@ import torch
 from engine.quantized import BLOCK, QuantizedWeight
 
 PANEL = 16
-Q8, Q4, Q4S, Q8S, Q5S, I4, I4S, Q3S, Q2S = 0, 1, 2, 3, 4, 5, 6, 7, 8  # quantized.h QFormat
-DOT = 9  # qdot.h: format + DOT is the format in the dot layout (int8 activations); the base formats' count
+Q8, Q4, Q4S, Q8S, Q5S, I4, I4S, Q3S, Q2S, Q5, Q5Z, Q4Z = range(12)  # quantized.h QFormat
+DOT = 12  # qdot.h: format + DOT is the format in the dot layout (int8 activations); the base formats' count
 WIDE = 2 * DOT  # qdot.h: format + WIDE is the dot layout with int16 activations
 # EngineConfig.activations -> format offset ("mixed": int16, int8 for context rows, the same bytes)
 ACTIVATION_OFFSET = {"float": 0, "int8": DOT, "int16": WIDE, "mixed": WIDE}
 QUADS = BLOCK // 4
 FORMAT_OF = {
     "Q8_0": Q8,
-    "Q4_0": Q4,
+    "Q4_0": Q4Z,
     "Q4_1": Q4,
     "Q4_K": Q4S,
     "Q6_K": Q8S,
@@ -64,6 +64,8 @@ FORMAT_OF = {
     "IQ4_XS": I4S,
     "Q3_K": Q3S,
     "Q2_K": Q2S,
+    "Q5_1": Q5,
+    "Q5_0": Q5Z,
 }
 IQ4_VALUES = torch.tensor(gguf.quants.IQ4_NL.kvalues, dtype=torch.float32)  # a nibble's value
 SCALE_BYTES = PANEL * 2  # 16 float16 scales (or mins)
@@ -80,6 +82,9 @@ TILE_BYTES = {  # per block of 32 k (Q4S: after its super-tile's header)
     I4S: BLOCK * PANEL // 2,  # the nibbles alone (the sub-scales are in the header)
     Q3S: BLOCK * PANEL // 4 + BLOCK * PANEL // 8,  # a 2-bit plane, a bit plane
     Q2S: BLOCK * PANEL // 4,  # a 2-bit plane
+    Q5: 2 * SCALE_BYTES + BLOCK * PANEL // 2 + BLOCK * PANEL // 8,  # d, m, nibbles, bit plane
+    Q5Z: SCALE_BYTES + BLOCK * PANEL // 2 + BLOCK * PANEL // 8,  # d, nibbles, bit plane
+    Q4Z: SCALE_BYTES + BLOCK * PANEL // 2,  # d, nibbles
 }
 Q8S_HEAD = SCALE_BYTES + 2 * SUPER * PANEL  # D float16 [16]; int8 sub-scales [16][16]
 GROUP = {
@@ -92,6 +97,9 @@ GROUP = {
     I4S: SUPER,
     Q3S: SUPER,
     Q2S: SUPER,
+    Q5: 1,
+    Q5Z: 1,
+    Q4Z: 1,
 }  # blocks per (super-)tile of the packed tensor's last dimension
 SIX_BIT_BYTES = PANEL // 2 + PANEL // 4  # 16 rows' 6-bit scales (I4S, Q3S): 4 + 2 bits
 # the planes of a block tile's quants, low bits first: 8-bit bytes, nibbles, 2-bit values, 1-bit values
@@ -105,6 +113,9 @@ PLANES = {
     I4S: ("nibble",),
     Q3S: ("two", "bit"),
     Q2S: ("two",),
+    Q5: ("nibble", "bit"),
+    Q5Z: ("nibble", "bit"),
+    Q4Z: ("nibble",),
 }
 PLANE_BITS = {"int8": 8, "nibble": 4, "two": 2, "bit": 1}
 # a block tile's own scale bytes before its quants (Q4S, Q5S: the sub-scales' low bits)
@@ -118,6 +129,9 @@ HEADER_BYTES = {
     I4S: 0,
     Q3S: 0,
     Q2S: 0,
+    Q5: 2 * SCALE_BYTES,
+    Q5Z: SCALE_BYTES,
+    Q4Z: SCALE_BYTES,
 }
 HEAD = {
     Q8: 0,
@@ -129,6 +143,9 @@ HEAD = {
     I4S: SCALE_BYTES + SUPER * SIX_BIT_BYTES,  # D float16 [16]; per block 12 bytes of sub-scales
     Q3S: SCALE_BYTES + 2 * SUPER * SIX_BIT_BYTES,  # D float16 [16]; per sub-block of 16 k 12 bytes of scales
     Q2S: 2 * SCALE_BYTES + 2 * SUPER * PANEL,  # D, Dmin float16 [16]; per sub-block sc | mn << 4 [16]
+    Q5: 0,
+    Q5Z: 0,
+    Q4Z: 0,
 }  # a super-tile's header before its block tiles
 
 
@@ -161,14 +178,18 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.uint8).reshape(t.shape[0], t.shape[1], -1)
 
 
-def _nibble_tiles(d: torch.Tensor, m: torch.Tensor | None, values: torch.Tensor, panels: int) -> torch.Tensor:
-    """Q4-style tiles (I4's without m) from per-32-block scales d, offsets m [N, nb] (float16) and 4-bit
-    values [N, nb, 32]: [P, nb, tile bytes]."""
+def _nibble_tiles(
+    d: torch.Tensor, m: torch.Tensor | None, values: torch.Tensor, panels: int, fifth: bool = False
+) -> torch.Tensor:
+    """Tiles of the 32-blocks' formats from per-block scales d, offsets m [N, nb] (float16; None: no m)
+    and values [N, nb, 32]: the nibbles, and with ``fifth`` a bit plane of the fifth bits after them."""
     v = _by_panel(values, panels).permute(0, 2, 3, 1)  # [P, nb, 32, 16]
-    packed_nibbles = v[..., : PANEL // 2] | (v[..., PANEL // 2 :] << 4)  # [P, nb, 32, 8]
+    low = v & 0x0F
+    packed_nibbles = low[..., : PANEL // 2] | (low[..., PANEL // 2 :] << 4)  # [P, nb, 32, 8]
     fields = (d,) if m is None else (d, m)
     scales = [_as_bytes(_by_panel(t, panels).transpose(1, 2)) for t in fields]  # [P, nb, 16 x bytes]
-    return torch.cat([*scales, _as_bytes(packed_nibbles)], dim=-1)
+    bits = [_bit_rows(v >> 4)] if fifth else []  # [P, nb, 64]
+    return torch.cat([*scales, _as_bytes(packed_nibbles), *bits], dim=-1)
 
 
 def _pack_iq4_xs(weight: QuantizedWeight, panels: int) -> torch.Tensor:
@@ -574,20 +595,25 @@ def _pack(weight: QuantizedWeight) -> tuple[int, torch.Tensor]:
         return Q8, torch.cat([_as_bytes(d), _as_bytes(quants)], dim=-1)
     nibbles = raw[..., -BLOCK // 2 :]  # [N, nb, 16]
     values = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1)  # [N, nb, 32], element order
+    assert values.shape[1] == blocks
     d16 = _f16(raw[..., 0:2])  # [N, nb] float16
+    if weight.qtype in ("Q5_0", "Q5_1"):  # the fifth bits: bit j of a little-endian uint32 is element j's
+        at = 2 if weight.qtype == "Q5_0" else 4
+        qh = raw[..., at : at + 4].contiguous().view(torch.int32).long() & 0xFFFFFFFF  # [N, nb, 1]
+        values = values | (((qh >> torch.arange(BLOCK)) & 0x01).to(torch.uint8) << 4)
+        m16 = None if weight.qtype == "Q5_0" else _f16(raw[..., 2:4])
+        return FORMAT_OF[weight.qtype], _nibble_tiles(d16, m16, values, panels, fifth=True)
     if weight.qtype == "Q4_1":
         return Q4, _nibble_tiles(d16, _f16(raw[..., 2:4]), values, panels)
-    if weight.qtype == "IQ4_NL":
-        return I4, _nibble_tiles(d16, None, values, panels)
-    # Q4_0: w = d (q - 8) = q d + (-8 d); -8 d is exact in float16 unless it overflows
-    m16 = d16 * -8.0
-    if not bool(torch.isfinite(m16).all()):
-        raise ValueError("a Q4_0 block scale is too large to hold -8 d in float16")
-    assert values.shape[1] == blocks
-    return Q4, _nibble_tiles(d16, m16, values, panels)
+    return FORMAT_OF[weight.qtype], _nibble_tiles(d16, None, values, panels)  # Q4_0, IQ4_NL: d alone
 
 
-OFFSET = {Q8S: 32, Q3S: 4}  # what a format's unsigned quant u exceeds its signed q by (q = u - offset)
+OFFSET = {
+    Q8S: 32,
+    Q3S: 4,
+    Q5Z: 16,
+    Q4Z: 8,
+}  # what a format's unsigned quant u exceeds its signed q by (q = u - offset)
 
 
 def _tile_parts(packed: torch.Tensor, fmt: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
@@ -618,7 +644,7 @@ def _block_scales(
             tiles[..., : HEADER_BYTES[fmt]].contiguous().view(torch.float16).float()
         )  # [..., nb, 16 or 32]
         d = fields[..., :PANEL].unsqueeze(-2).expand(*fields.shape[:-1], 2, PANEL)
-        return d, fields[..., PANEL:].unsqueeze(-2) if fmt == Q4 else None
+        return d, fields[..., PANEL:].unsqueeze(-2) if fmt in (Q4, Q5) else None
     if fmt in (Q4S, Q5S):
         d16, m16 = _q4s_scales(head, tiles[..., :PANEL])  # [..., nb, 16] each
         return d16.unsqueeze(-2).expand(*d16.shape[:-1], 2, PANEL), m16.unsqueeze(-2)

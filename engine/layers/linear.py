@@ -10,7 +10,7 @@ order, whatever the row count, the row's place among the others or the thread co
 A bfloat16 or float16 weight is packed as it is (half the bytes of float32) and widened in registers
 as it is read, exactly: its outputs are the float32 path's over the widened weight, bit for bit.
 
-A weight kept quantized (engine/quantized.py: GGUF Q8_0, Q4_0, Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, or ``--quantize int8``) is packed
+A weight kept quantized (engine/quantized.py: GGUF Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, or ``--quantize int8``) is packed
 once into tiles of 16 columns x 32 inputs (engine/kernels/quant_pack.py) and multiplied by the same
 chains with each weight dequantized in registers to exactly its float value: its outputs are those of
 the float32 path over the dequantized weight, bit for bit, in fast mode too (no library kernel reads

@@ -1,8 +1,8 @@
 """GGUF files of the Llama, Qwen2, Qwen3, Gemma 3 and Phi-3 architectures: metadata -> ModelConfig, tensors as the file holds them
-(Q8_0 / Q4_0 / Q4_1 / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_NL / IQ4_XS kept as QuantizedWeight blocks
+(Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_NL / IQ4_XS kept as QuantizedWeight blocks
 for our kernels; F16 and BF16 matrices kept as float16 / bfloat16 tensors, their bits copied, which our
-kernels widen exactly as they read them; every other type (Q5_0, Q5_1) and 16-bit vectors dequantized by
-gguf one tensor at a time to float32), the tokenizer rebuilt from the file's vocabulary and merges, the
+kernels widen exactly as they read them; 16-bit vectors (norms) dequantized by gguf
+to float32), the tokenizer rebuilt from the file's vocabulary and merges, the
 chat template from its metadata.
 
 Trap: llama.cpp's converter permutes attn_q / attn_k rows of Llama-architecture files (Mistral's

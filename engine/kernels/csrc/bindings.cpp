@@ -285,6 +285,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("I4S") = static_cast<int64_t>(nxk::kI4S);
   m.attr("Q3S") = static_cast<int64_t>(nxk::kQ3S);
   m.attr("Q2S") = static_cast<int64_t>(nxk::kQ2S);
+  m.attr("Q5") = static_cast<int64_t>(nxk::kQ5);
+  m.attr("Q5Z") = static_cast<int64_t>(nxk::kQ5Z);
+  m.attr("Q4Z") = static_cast<int64_t>(nxk::kQ4Z);
   m.attr("DOT_FORMATS") = static_cast<int64_t>(nxk::kDotFormats);
   m.attr("Q8_TILE_BYTES") = nxk::tile_bytes(nxk::kQ8);
   m.attr("Q4_TILE_BYTES") = nxk::tile_bytes(nxk::kQ4);

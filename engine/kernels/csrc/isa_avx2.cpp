@@ -60,7 +60,7 @@ inline __m256i quad_of(const uint8_t* quants, int64_t j, int h) {
                                             _mm256_set1_epi8(0x03));
       return _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
     }
-    if constexpr (F == kQ5S) {  // u = low | bit j of the plane's byte << 4 (0..31)
+    if constexpr (has_fifth_bit(F)) {  // u = low | bit j of the plane's byte << 4 (0..31)
       const auto* at = reinterpret_cast<const __m256i*>(quants + kLowPlane + h * 32);
       const __m256i high = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256(at), static_cast<int>(j)), _mm256_set1_epi8(0x01));
       return _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
@@ -164,13 +164,13 @@ void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t m, f
             is[r][0] = quad_dot16(is[r][0], e0, o0, xe, xo);
             is[r][1] = quad_dot16(is[r][1], e1, o1, xe, xo);
           }
-        } else if constexpr (F == kQ4 || F == kQ4S) {
+        } else if constexpr (F == kQ4 || F == kQ4S || F == kQ4Z) {
           for (int r = 0; r < R; ++r) {
             const __m256i x4 = _mm256_set1_epi32(xw[r][j]);
             pairs[r][0] = _mm256_add_epi16(pairs[r][0], _mm256_maddubs_epi16(w0, x4));
             pairs[r][1] = _mm256_add_epi16(pairs[r][1], _mm256_maddubs_epi16(w1, x4));
           }
-        } else if constexpr (F == kQ8S || F == kQ5S || F == kQ3S || F == kQ2S) {  // u <= 63: a pair sum fits 16 bits, a block's would not
+        } else if constexpr (F == kQ8S || has_fifth_bit(F) || F == kQ3S || F == kQ2S) {  // u <= 63: a pair sum fits 16 bits, a block's would not
           const __m256i ones = _mm256_set1_epi16(1);
           for (int r = 0; r < R; ++r) {
             const __m256i x4 = _mm256_set1_epi32(xw[r][j]);
@@ -185,7 +185,7 @@ void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t m, f
           }
         }
       }
-      if constexpr (!wide && (F == kQ4 || F == kQ4S))  // the block's 16-bit pair sums widened once
+      if constexpr (!wide && (F == kQ4 || F == kQ4S || F == kQ4Z))  // the block's 16-bit pair sums widened once
         for (int r = 0; r < R; ++r)
           for (int h = 0; h < 2; ++h) is[r][h] = _mm256_madd_epi16(pairs[r][h], _mm256_set1_epi16(1));
       for (int r = 0; r < R; ++r) {
@@ -319,7 +319,7 @@ void qdot_panels_avx2(const QActsOf<Q>& a, int64_t M, int64_t K, const uint8_t* 
   }
   // rows per tile: 4 where the accumulators and a quad's weights fit the 16 registers with 4 rows (int16
   // inputs; 4-bit weights with int8 ones), 3 for 8-bit weights with int8 inputs (measured slower with 4)
-  constexpr int64_t kRows = sizeof(Q) == 2 || F == kQ4 || F == kQ4S ? 4 : 3;
+  constexpr int64_t kRows = sizeof(Q) == 2 || F == kQ4 || F == kQ4S || F == kQ4Z ? 4 : 3;
   const int64_t panel_bytes = panel_bytes_of(F, K);
   for (int64_t p = panel_begin; p < panel_end; ++p) {
     const uint8_t* panel = packed + p * panel_bytes;

@@ -169,7 +169,7 @@ struct QTile16 {
         n_low = _mm512_loadu_ps(reinterpret_cast<const float*>(head + 2 * kWideScaleBytes));
         n_high = _mm512_loadu_ps(reinterpret_cast<const float*>(head + 3 * kWideScaleBytes));
       }
-    } else if constexpr (F == kQ4) {
+    } else if constexpr (has_min(F)) {  // Q4, Q5
       d = half16(head);
       m = half16(head + kScaleBytes);
     } else {
@@ -219,15 +219,17 @@ struct QTile16 {
             _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4Values))));
         return _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(both), values), d);
       }
-      if constexpr (F == kQ5S) {  // the fifth bit: column c at bit c of row kk's 2 plane bytes
+      __m512i u = _mm512_cvtepu8_epi32(both);
+      if constexpr (has_fifth_bit(F)) {  // the fifth bit: column c at bit c of row kk's 2 plane bytes
         uint16_t word;
         std::memcpy(&word, quants + kLowPlane + kk * 2, 2);
         const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         const __m512i high = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(word), lanes), _mm512_set1_epi32(1));
-        const __m512i u = _mm512_or_si512(_mm512_cvtepu8_epi32(both), _mm512_slli_epi32(high, 4));
-        return _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), d, m);
+        u = _mm512_or_si512(u, _mm512_slli_epi32(high, 4));
       }
-      return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(both)), d, m);
+      if constexpr (quant_offset(F) != 0)  // Q5Z, Q4Z: (u - offset) * d
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(u, _mm512_set1_epi32(quant_offset(F)))), d);
+      return _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), d, m);
     }
   }
 };

@@ -67,7 +67,7 @@ inline __m512i quad_of(const uint8_t* quants, int64_t j) {
     const __m512i high = _mm512_and_si512(_mm512_srli_epi16(plane, static_cast<unsigned>(2 * (j % 4))), _mm512_set1_epi8(0x03));
     return _mm512_or_si512(low, _mm512_slli_epi16(high, 4));
   }
-  if constexpr (F == kQ5S) {  // u = low + 16 where bit j of the plane's byte is set (0..31)
+  if constexpr (has_fifth_bit(F)) {  // u = low + 16 where bit j of the plane's byte is set (0..31)
     const __m512i plane = _mm512_loadu_si512(quants + kLowPlane);
     const __mmask64 fifth = _mm512_test_epi8_mask(plane, _mm512_set1_epi8(static_cast<char>(1 << j)));
     return _mm512_mask_add_epi8(low, fifth, low, _mm512_set1_epi8(16));

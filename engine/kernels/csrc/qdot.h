@@ -6,10 +6,10 @@
 //                        L = 127 (int8) or 32767 (int16: 256 times finer, sums still exact in int32)
 //                        s  = sum of qx over each half block (16 k)   (exact integers)
 //   per output (m, n), blocks b = 0, 1, ... in order, acc from 0:
-//     Q8, I4, I4S,     acc = fma(d * dx, float(sum_k q * qx), acc)          (one fma per scale)
+//     Q8, I4, I4S, Q5Z, Q4Z acc = fma(d * dx, float(sum_k q * qx), acc)          (one fma per scale)
 //     Q8S, Q3S halves
 //     Q2S halves       acc = fma(d * dx, float(sum_k q * qx), acc);  acc = fma(m, dx * float(s), acc) per half
-//     Q4, Q4S, Q5S     acc = fma(d * dx, float(sum_k q * qx), acc);  acc = fma(m, dx * float(s), acc)
+//     Q4, Q4S, Q5S, Q5 acc = fma(d * dx, float(sum_k q * qx), acc);  acc = fma(m, dx * float(s), acc)
 //
 // The integer sums are exact however an instruction set forms them (VNNI, pairs of 16-bit products,
 // scalar loops), the row's quantization reads the row alone, and the float operations per output are
@@ -29,6 +29,7 @@
 //   Q3SD       the 3-bit u = q + 4: its low 2 bits as Q8SD's high plane (128 bytes), then its third bit as
 //              Q5SD's fifth; the sums are corrected by 4 * sum(qx)
 //   Q2SD       the 2-bit quants as Q8SD's high plane
+//   Q5D, Q5ZD, Q4ZD  as Q4D, Q5SD; Q5ZD's and Q4ZD's sums corrected by 16 and 8 * sum(qx)
 //   I4D, I4SD  the nibbles as Q4D; the kernels look each up as its IQ4 value + 128 (unsigned), the sums
 //              corrected by 128 * sum(qx) as Q8D's
 // Format f + 4 multiplies int8 activations, f + 8 (the same bytes) int16 ones. Int16 activations are
@@ -46,8 +47,8 @@
 namespace nxk {
 
 constexpr int kDotFormats = kBaseFormats;  // format f + kDotFormats is format f in the dot layout
-enum QDotFormat : int { kQ8D = kQ8 + kDotFormats, kQ4D, kQ4SD, kQ8SD, kQ5SD, kI4D, kI4SD, kQ3SD, kQ2SD };
-enum QWideFormat : int { kQ8W = kQ8 + 2 * kDotFormats, kQ4W, kQ4SW, kQ8SW, kQ5SW, kI4W, kI4SW, kQ3SW, kQ2SW };  // the dot layout, int16 inputs
+enum QDotFormat : int { kQ8D = kQ8 + kDotFormats, kQ4D, kQ4SD, kQ8SD, kQ5SD, kI4D, kI4SD, kQ3SD, kQ2SD, kQ5D, kQ5ZD, kQ4ZD };
+enum QWideFormat : int { kQ8W = kQ8 + 2 * kDotFormats, kQ4W, kQ4SW, kQ8SW, kQ5SW, kI4W, kI4SW, kQ3SW, kQ2SW, kQ5W, kQ5ZW, kQ4ZW };  // the dot layout, int16 inputs
 constexpr int kFormats = 3 * kBaseFormats;  // every format value: base, dot layout (int8, int16 inputs)
 constexpr int64_t kQuads = kQBlock / 4;                 // 4-byte groups of k per block
 constexpr int64_t kQuadRowBytes = kPanel * 4;          // one quad of 16 columns (64 bytes)
@@ -77,9 +78,9 @@ inline int32_t dot_quant(const uint8_t* quants, int64_t k, int64_t c) {
     const int32_t high = (quants[kLowPlane + ((j / 4) * kPanel + c) * 4 + i] >> (2 * (j % 4))) & 0x03;
     return (low | (high << 4)) - 32;
   }
-  if constexpr (F == kQ5S) return low | (((quants[kLowPlane + c * 4 + i] >> j) & 0x01) << 4);
   if constexpr (is_iq4(F)) return kIQ4Values[low];
-  return low;
+  if constexpr (has_fifth_bit(F)) return (low | (((quants[kLowPlane + c * 4 + i] >> j) & 0x01) << 4)) - quant_offset(F);
+  return low - quant_offset(F);
 }
 
 // A step's rows quantized (see the top of this file): q [M, K] int8 or int16, d [M, K / 32], s [M, K / 16].

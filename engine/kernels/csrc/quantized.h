@@ -33,8 +33,11 @@
 //        Dmin[16] float16, then the 16 sub-blocks' bytes sc | mn << 4 ([16 sub-blocks][16]), then the 8
 //        block tiles' 2-bit quants as Q3S's 2-bit plane.  per sub-block d = D * sc, m = -(Dmin * mn),
 //        w = fma(q, d, m)
-// GGUF's Q8_0 is Q8; Q4_1 is Q4 with its own min m; Q4_0 is Q4 with m = -8 d. Every product q * d is
-// exact in float32 (an 11-bit f16 scale times at most 8 bits), so fma(q, d, m) is gguf's d * q + m.
+//   Q5   Q5_1: Q4's tile with a bit plane after its nibbles as Q5S's: u = nibble | bit << 4, w = fma(u, d, m)
+//   Q5Z  Q5_0: d[16] float16, the nibbles, the bit plane: w = (u - 16) * d
+//   Q4Z  Q4_0: d[16] float16, the nibbles: w = (u - 8) * d
+// GGUF's Q8_0 is Q8; Q4_1 is Q4 with its own min m. Every product q * d is exact in float32 (an 11-bit f16
+// scale times at most 8 bits), so fma(q, d, m) is gguf's d * q + m, and (u - 8) * d gguf's Q4_0 value.
 // Q4_K is Q4S: its sub-block scale d = D * sc and min m = -(Dmin * mn) are exact float32 products (11
 // bits times 6), formed per block in registers (block_head), and q * d is exact (21 bits), so fma(q, d, m)
 // is gguf's d * q - dm; Q5_K's Q5S the same with u <= 31 (q * d at most 22 bits). Q6_K is Q8S: a scale per 16 k, D * sc exact (11 bits times 8) and formed per block
@@ -55,7 +58,7 @@ namespace nxk {
 constexpr int64_t kQBlock = 32;  // k per quantization block (GGUF's QK8_0, QK4_0, QK4_1)
 // The base formats, one per weight type; the kernel tables (table.h) hold one entry per base format and
 // route, filled by a loop over them: a new weight type is a new value here (before kBaseFormats).
-enum QFormat : int { kQ8 = 0, kQ4 = 1, kQ4S = 2, kQ8S = 3, kQ5S = 4, kI4 = 5, kI4S = 6, kQ3S = 7, kQ2S = 8, kBaseFormats };
+enum QFormat : int { kQ8 = 0, kQ4 = 1, kQ4S = 2, kQ8S = 3, kQ5S = 4, kI4 = 5, kI4S = 6, kQ3S = 7, kQ2S = 8, kQ5 = 9, kQ5Z = 10, kQ4Z = 11, kBaseFormats };
 
 // IQ4_NL's and IQ4_XS's 16 values (gguf's kvalues), indexed by a nibble
 constexpr int8_t kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -64,7 +67,7 @@ constexpr int8_t kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 
 // scale and min with 6-bit sub-scales and sub-mins (Q4S, Q5S); scales formed per block as float32 (the K types)
 constexpr bool has_min(int64_t format) {
   const int64_t f = format % kBaseFormats;
-  return f == kQ4 || f == kQ4S || f == kQ5S || f == kQ2S;
+  return f == kQ4 || f == kQ4S || f == kQ5S || f == kQ2S || f == kQ5;
 }
 constexpr bool has_k4_head(int64_t format) { return format % kBaseFormats == kQ4S || format % kBaseFormats == kQ5S; }
 // Base formats with one scale (Q2S: and one min) per half block (16 k): the sub-blocks of Q6_K, Q3_K, Q2_K
@@ -77,7 +80,13 @@ constexpr bool has_formed_scales(int64_t format) {
 }
 // What a format's stored unsigned quant u exceeds the signed q by (q = u - offset)
 constexpr int32_t quant_offset(int64_t format) {
-  return format % kBaseFormats == kQ8S ? 32 : format % kBaseFormats == kQ3S ? 4 : 0;
+  const int64_t f = format % kBaseFormats;
+  return f == kQ8S ? 32 : f == kQ3S ? 4 : f == kQ5Z ? 16 : f == kQ4Z ? 8 : 0;
+}
+// Base formats whose quants have a fifth bit in a bit plane after their nibbles
+constexpr bool has_fifth_bit(int64_t format) {
+  const int64_t f = format % kBaseFormats;
+  return f == kQ5S || f == kQ5 || f == kQ5Z;
 }
 // The IQ4 types: each nibble an index into kIQ4Values
 constexpr bool is_iq4(int64_t format) { return format % kBaseFormats == kI4 || format % kBaseFormats == kI4S; }
@@ -110,6 +119,9 @@ constexpr int64_t tile_bytes(int64_t format) {
          : f == kI4S ? kQBlock * kPanel / 2
          : f == kQ3S ? kTwoBitPlane + kQBlock * kPanel / 8
          : f == kQ2S ? kTwoBitPlane
+         : f == kQ5  ? 2 * kScaleBytes + kLowPlane + kQBlock * kPanel / 8
+         : f == kQ5Z ? kScaleBytes + kLowPlane + kQBlock * kPanel / 8
+         : f == kQ4Z ? kScaleBytes + kLowPlane
          : f == kQ4S ? kPanel + kQBlock * kPanel / 2
          : f == kQ5S ? kPanel + kLowPlane + kQBlock * kPanel / 8
                      : kLowPlane + kQBlock * kPanel / 4;
@@ -117,12 +129,15 @@ constexpr int64_t tile_bytes(int64_t format) {
 // Bytes of a tile's own header, before its quants (Q4S: the low bits of its sub-scales and sub-mins)
 constexpr int64_t scale_bytes(int64_t format) {
   const int64_t f = format % kBaseFormats;
-  return f == kQ8 || f == kI4 ? kScaleBytes : f == kQ4 ? 2 * kScaleBytes : has_k4_head(f) ? kPanel : 0;
+  return f == kQ8 || f == kI4 || f == kQ5Z || f == kQ4Z ? kScaleBytes
+         : f == kQ4 || f == kQ5                          ? 2 * kScaleBytes
+         : has_k4_head(f)                                ? kPanel
+                                                         : 0;
 }
 // Blocks per entry of a packed weight's last dimension, and that entry's bytes (a super-tile for the K types)
 constexpr int64_t group_blocks(int64_t format) {
   const int64_t f = format % kBaseFormats;
-  return f == kQ8 || f == kQ4 || f == kI4 ? 1 : kSuperBlocks;
+  return f == kQ8 || f == kQ4 || f == kI4 || f == kQ5 || f == kQ5Z || f == kQ4Z ? 1 : kSuperBlocks;
 }
 constexpr int64_t group_head(int64_t format) {
   const int64_t f = format % kBaseFormats;
@@ -261,7 +276,7 @@ static inline int32_t q5s_high(const uint8_t* quants, int64_t k, int64_t c) {
 template <int F>
 inline float tile_field(const uint8_t* tile, int which, int64_t c) {
   if constexpr (has_formed_scales(F)) return reinterpret_cast<const float*>(tile)[which * kPanel + c];
-  if constexpr (F == kQ8 || F == kI4) {
+  if constexpr (!has_min(F)) {
     if (which == 1) return 0.0f;
   }
   return f16_to_float(reinterpret_cast<const uint16_t*>(tile)[which * kPanel + c]);
@@ -283,9 +298,9 @@ inline int32_t tile_quant(const uint8_t* quants, int64_t k, int64_t c) {
   const uint8_t byte = quants[k * (kPanel / 2) + c % 8];
   const int32_t low = c < 8 ? byte & 0x0F : byte >> 4;
   if constexpr (F == kQ8S) return (low | (q8s_high(quants, k, c) << 4)) - 32;
-  if constexpr (F == kQ5S) return low | (q5s_high(quants, k, c) << 4);
   if constexpr (is_iq4(F)) return kIQ4Values[low];
-  return low;
+  if constexpr (has_fifth_bit(F)) return (low | (q5s_high(quants, k, c) << 4)) - quant_offset(F);
+  return low - quant_offset(F);
 }
 
 // One block's scales in registers; ``at(kk)`` gives row kk's 16 weights as two vectors.
@@ -316,7 +331,7 @@ struct QTile {
     const uint16_t* d = reinterpret_cast<const uint16_t*>(head);
     d0 = O::load_f16(d);
     d1 = O::load_f16(d + kLanes);
-    if constexpr (F == kQ4) {
+    if constexpr (has_min(F)) {  // Q4, Q5
       m0 = O::load_f16(d + kPanel);
       m1 = O::load_f16(d + kPanel + kLanes);
     } else {
@@ -340,12 +355,12 @@ struct QTile {
       for (int64_t c = 0; c < kPanel; ++c) q[c] = static_cast<int8_t>(tile_quant<F>(quants, kk, c));
       w0 = O::mul(O::load_i8(q), kk < kQBlock / 2 ? d0 : m0);
       w1 = O::mul(O::load_i8(q + kLanes), kk < kQBlock / 2 ? d1 : m1);
-    } else if constexpr (is_iq4(F)) {
-      int8_t q[kPanel];  // the row's IQ4 values
+    } else if constexpr (!has_min(F)) {  // IQ4, Q5Z, Q4Z
+      int8_t q[kPanel];  // the row's signed values
       for (int64_t c = 0; c < kPanel; ++c) q[c] = static_cast<int8_t>(tile_quant<F>(quants, kk, c));
       w0 = O::mul(O::load_i8(q), d0);
       w1 = O::mul(O::load_i8(q + kLanes), d1);
-    } else if constexpr (F == kQ5S) {
+    } else if constexpr (has_fifth_bit(F)) {  // Q5S, Q5
       int8_t u[kPanel];  // the row's 5-bit quants, from the nibbles and the bit plane
       for (int64_t c = 0; c < kPanel; ++c) u[c] = static_cast<int8_t>(tile_quant<F>(quants, kk, c));
       w0 = O::fma(O::load_i8(u), d0, m0);

@@ -25,7 +25,7 @@ void quantized_rows_of(const uint8_t* packed, int64_t K, const int64_t* ids, flo
       float* row = out + t * K + b * kQBlock;
       for (int64_t k = 0; k < kQBlock; ++k) {
         const float q = static_cast<float>(Dot ? dot_quant<F>(quants, k, c) : tile_quant<F>(quants, k, c));
-        if constexpr (F == kQ8 || is_iq4(F)) {
+        if constexpr (!has_min(F) && !has_half_scales(F)) {  // Q8, IQ4, Q5Z, Q4Z
           row[k] = q * d;
         } else if constexpr (F == kQ2S) {  // q * d is exact: one rounding, as fma(q, d, m)
           const int h = k < kQBlock / 2 ? 0 : 1;
@@ -53,7 +53,7 @@ inline void quantized_rows(const uint8_t* packed, int64_t format, int64_t K, con
       quantized_rows_of<f, false>(packed, K, ids, out, begin, end);      \
     }                                                                    \
     break;
-    NXK_ROWS_OF(kQ8) NXK_ROWS_OF(kQ4) NXK_ROWS_OF(kQ4S) NXK_ROWS_OF(kQ8S) NXK_ROWS_OF(kQ5S) NXK_ROWS_OF(kI4) NXK_ROWS_OF(kI4S) NXK_ROWS_OF(kQ3S) NXK_ROWS_OF(kQ2S)
+    NXK_ROWS_OF(kQ8) NXK_ROWS_OF(kQ4) NXK_ROWS_OF(kQ4S) NXK_ROWS_OF(kQ8S) NXK_ROWS_OF(kQ5S) NXK_ROWS_OF(kI4) NXK_ROWS_OF(kI4S) NXK_ROWS_OF(kQ3S) NXK_ROWS_OF(kQ2S) NXK_ROWS_OF(kQ5) NXK_ROWS_OF(kQ5Z) NXK_ROWS_OF(kQ4Z)
 #undef NXK_ROWS_OF
   }
 }

@@ -1,7 +1,7 @@
 """Quantized weights kept quantized: the record, the packed layout and the kernel, on whichever backend
 this process runs (NXCTL_KERNELS picks it).
 
-The kernel's promise is exact: for Q8_0, Q4_0, Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS blocks its outputs are the float32 linear's
+The kernel's promise is exact: for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS blocks its outputs are the float32 linear's
 over gguf's own dequantized weight, bit for bit, at every row count (the in-register route up to six
 rows, the dequantized-panel route beyond), at every thread count, and a row's output is the same
 alone or among others.
@@ -172,7 +172,7 @@ def test_the_record_checks_its_blocks_and_moves_rows_exactly():
     with pytest.raises(ValueError, match="must be uint8"):
         QuantizedWeight("Q8_0", qw.blocks[:, :1], (48, 64))
     with pytest.raises(ValueError, match="unsupported quantized type"):
-        QuantizedWeight("Q5_1", qw.blocks, (48, 64))
+        QuantizedWeight("Q8_K", qw.blocks, (48, 64))
     order = torch.randperm(48, generator=torch.Generator().manual_seed(10))
     assert torch.equal(qw.take_rows(order).dequantize(), qw.dequantize()[order])
     other = _quantized("Q8_0", 16, 64, seed=11)

@@ -67,6 +67,8 @@ def test_every_tensor_is_gguf_s_own_dequantization(path: Path):
         ("llama-iq4_nl.gguf", {"IQ4_NL", "Q6_K"}),
         ("llama-q3_k_m.gguf", {"Q3_K", "Q4_K", "Q5_K", "Q6_K"}),
         ("llama-q2_k.gguf", {"Q2_K", "Q3_K", "Q6_K"}),
+        ("llama-q5_0.gguf", {"Q5_0", "Q6_K"}),
+        ("llama-q5_1.gguf", {"Q5_1", "Q6_K"}),
     ],
 )
 def test_a_k_quant_mix_is_held_quantized_and_computes_with_its_dequantized_values(name: str, types: set[str]):
