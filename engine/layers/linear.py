@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import kernels
-from engine.kernels.quant_pack import DOT, pack_quantized, unpack_quantized
+from engine.kernels.quant_pack import DOT, PANEL, pack_quantized, unpack_quantized
 from engine.quantized import QuantizedWeight
 
 CHUNK_COLUMNS = 16
@@ -147,6 +147,8 @@ class LinearWeight:
         """Rows ``ids`` [T] of the weight as [T, K] in ``dtype``: an embedding lookup in a tied head."""
         if self.quantized:
             return kernels.quantized_rows(self.data, self.format, ids).to(self.dtype)  # held on the CPU
+        if self.packed:  # data [P, K, 16]: row n is column n % 16 of panel n // 16, copied as held, widened
+            return self.data[ids // PANEL, :, ids % PANEL].to(self.dtype)
         return self.dense()[ids]
 
     def replace(self, weight: torch.Tensor) -> None:

@@ -114,6 +114,7 @@ def _weight_bytes(
         * ((q + 2 * kv if config.attention_bias else 0) + (2 * config.head_dim if config.qk_norm else 0))
     )  # a family's q/k/v biases and per-head q/k norm weights
     embedding_kind = kind(EMBEDDING, h)
-    if embedding_kind is None:
-        return total, config.vocab_size * h * (2 if EMBEDDING in half else width), bool(quantized)
+    if embedding_kind is None:  # a float table: held apart unless tied to a packed head, whose rows it reads
+        separate = 0 if tied and packed else config.vocab_size * h * (2 if EMBEDDING in half else width)
+        return total, separate, bool(quantized)
     return total, 0 if tied else packed_bytes(embedding_kind, config.vocab_size, h), bool(quantized)

@@ -93,9 +93,9 @@ class PagedLlama:
 
     Linear weights are prepared once for the kernel (engine/layers/linear.py) and fused where rows
     share an input: q, k, v into one [q + 2 kv, hidden] weight, gate and up into one [2 inter, hidden].
-    A fused output column is computed exactly as the unfused one (measured bit-identical). A float LM
-    head tied to the embedding is held twice, plain for the lookup and packed for the matmul; a
-    quantized one once, the lookup dequantizing its rows.
+    A fused output column is computed exactly as the unfused one (measured bit-identical). An LM head tied
+    to the embedding is held once when packed or quantized, the lookup reading its rows from the head's
+    panels (a plain float one, off the invariant CPU kernels, is held twice: plain for the lookup too).
 
     ``quantize`` (EngineConfig): "auto" keeps quantized weights quantized, "none" dequantizes them to
     ``dtype``, "int8" also quantizes float linear weights (K a multiple of 32) to Q8_0. Quantized
@@ -138,10 +138,13 @@ class PagedLlama:
         embedding = plain.pop("model.embed_tokens.weight")
         head = plain.pop("lm_head.weight", None)
         self._add_linear("lm_head", ["lm_head.weight"], [embedding if head is None else head])
-        # the lookup table: plain when float; a quantized one is read through a packed linear (the head's when tied)
+        # the lookup table: a quantized one read through a packed linear (the head's when tied), a float one
+        # tied to a packed head read from the head's panels; else plain
         self.embedding: LinearWeight | None = None
         if isinstance(embedding, QuantizedWeight):
             self.embedding = self.linears["lm_head"] if head is None else LinearWeight(embedding, True, dtype)
+        elif head is None and self.linears["lm_head"].packed:
+            self.embedding = self.linears["lm_head"]
         else:
             plain["model.embed_tokens.weight"] = embedding
         self.w: dict[str, torch.Tensor] = {k: v for k, v in plain.items() if isinstance(v, torch.Tensor)}

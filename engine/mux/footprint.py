@@ -2,8 +2,8 @@
 
     total = weights + KV pool + activations
     weights          = bytes held as the engine holds them (engine/models/held_weights.py): quantized
-                       weights as packed tiles, float ones x dtype bytes (a tied float LM head twice:
-                       lookup + packed matmul)
+                       weights as packed tiles, float ones x dtype bytes (a tied LM head once when
+                       packed, its rows the lookup; twice when plain, off the invariant CPU kernels)
     KV pool          = num_kv_blocks x KV bytes per block (allocated up front, so known before any request)
     KV bytes / block = 2 (K and V) x num_layers x num_kv_heads x head_dim x block_size x dtype bytes
     activations      = a stated allowance (registry ``activation_mb``, CLI ``--activation-mb``)
