@@ -572,21 +572,21 @@ def pack_quantized(weight: QuantizedWeight, activations: str = "float") -> tuple
     return (fmt + offset, to_dot_layout(packed, fmt).contiguous()) if offset else (fmt, packed)
 
 
+SUPER_PACKERS = {
+    "Q4_K": _pack_q4_k,
+    "Q6_K": _pack_q6_k,
+    "Q5_K": _pack_q5_k,
+    "IQ4_XS": _pack_iq4_xs,
+    "Q3_K": _pack_q3_k,
+    "Q2_K": _pack_q2_k,
+}  # packers of the super-tile formats, by GGUF type
+
+
 def _pack(weight: QuantizedWeight) -> tuple[int, torch.Tensor]:
     n, k = weight.shape
     panels, blocks = -(-n // PANEL), k // BLOCK
-    if weight.qtype == "Q4_K":
-        return Q4S, _pack_q4_k(weight, panels)
-    if weight.qtype == "Q6_K":
-        return Q8S, _pack_q6_k(weight, panels)
-    if weight.qtype == "Q5_K":
-        return Q5S, _pack_q5_k(weight, panels)
-    if weight.qtype == "IQ4_XS":
-        return I4S, _pack_iq4_xs(weight, panels)
-    if weight.qtype == "Q3_K":
-        return Q3S, _pack_q3_k(weight, panels)
-    if weight.qtype == "Q2_K":
-        return Q2S, _pack_q2_k(weight, panels)
+    if weight.qtype in SUPER_PACKERS:  # the types of 256-element blocks
+        return FORMAT_OF[weight.qtype], SUPER_PACKERS[weight.qtype](weight, panels)
     raw = weight.blocks  # [N, nb, block bytes]
     d = _by_panel(_f16(raw[..., 0:2]), panels).transpose(1, 2)  # [P, nb, 16]
     if weight.qtype == "Q8_0":

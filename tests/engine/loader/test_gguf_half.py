@@ -9,8 +9,6 @@ import dataclasses
 import random
 from pathlib import Path
 
-import gguf
-import numpy as np
 import pytest
 import torch
 
@@ -19,9 +17,9 @@ from engine.config import EngineConfig
 from engine.layers.linear import LinearWeight
 from engine.llm_engine import Engine
 from engine.loader import LoadedModel, load_config, load_model
-from engine.loader.gguf_file import _hf_name, _unpermute, open_reader
 from engine.models.held_weights import held_weight_bytes
 from engine.sampling_params import SamplingParams
+from tests.engine.loader.test_gguf_types import ggufs_tensors
 from tests.engine_runs import run_to_end
 
 KINDS = {"F16": torch.float16, "BF16": torch.bfloat16}
@@ -53,17 +51,8 @@ def _prompts(vocab: int) -> list[list[int]]:
 def test_the_matrices_load_16_bit_with_ggufs_values(half_gguf: tuple[str, Path]):
     kind, path = half_gguf
     loaded = load_model(path)
-    heads = {"q_proj": loaded.config.num_heads, "k_proj": loaded.config.num_kv_heads}
     matrices = 0
-    for tensor in open_reader(path).tensors:
-        name = _hf_name(tensor.name, "llama")
-        assert name is not None
-        shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
-        expected = torch.from_numpy(
-            np.array(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
-        ).reshape(shape)
-        if name.split(".")[-2] in heads:
-            expected = _unpermute(expected, heads[name.split(".")[-2]])
+    for name, shape, expected in ggufs_tensors(path, loaded.config):
         weight = loaded.weights[name]
         assert isinstance(weight, torch.Tensor)
         assert weight.dtype == (KINDS[kind] if len(shape) == 2 else torch.float32), name

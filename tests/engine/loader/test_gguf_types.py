@@ -4,6 +4,7 @@ transformers computes them on the same file."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import gguf
@@ -34,12 +35,11 @@ def test_the_fixtures_cover_every_type():
     assert expected <= types
 
 
-@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
-def test_every_tensor_is_gguf_s_own_dequantization(path: Path):
-    reader = open_reader(path)
-    loaded = load_model(path)
-    heads = {"q_proj": loaded.config.num_heads, "k_proj": loaded.config.num_kv_heads}
-    for tensor in reader.tensors:
+def ggufs_tensors(path: Path, config: ModelConfig) -> Iterator[tuple[str, tuple[int, ...], torch.Tensor]]:
+    """(HF name, shape, gguf's dequantized float32 values in the forward's layout) of each tensor of a
+    Llama-architecture file: the reference every loaded weight is checked against."""
+    heads = {"q_proj": config.num_heads, "k_proj": config.num_kv_heads}
+    for tensor in open_reader(path).tensors:
         name = _hf_name(tensor.name, "llama")
         assert name is not None
         shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
@@ -47,15 +47,18 @@ def test_every_tensor_is_gguf_s_own_dequantization(path: Path):
             np.array(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
         ).reshape(shape)
         part = name.split(".")[-2]
-        if part in heads:
-            expected = _unpermute(expected, heads[part])
+        yield name, shape, _unpermute(expected, heads[part]) if part in heads else expected
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_every_tensor_is_gguf_s_own_dequantization(path: Path):
+    loaded = load_model(path)
+    for name, shape, expected in ggufs_tensors(path, loaded.config):
         weight = loaded.weights[name]
-        assert torch.equal(dense(weight), expected), f"{path.name}: {tensor.name}"
+        assert torch.equal(dense(weight), expected), f"{path.name}: {name}"
         if isinstance(weight, QuantizedWeight):  # kept quantized: the kernels' tiles hold the same values
             fmt, packed = pack_quantized(weight)
-            assert torch.equal(unpack_quantized(packed, fmt, shape[0]), expected), (
-                f"{path.name}: {tensor.name}"
-            )
+            assert torch.equal(unpack_quantized(packed, fmt, shape[0]), expected), f"{path.name}: {name}"
 
 
 @pytest.mark.parametrize(
