@@ -2,6 +2,8 @@
 // (over outputs only), and the table of the backend each call names (ops.h table_for).
 #include <torch/extension.h>
 
+#include <utility>
+
 #include "decoder.h"
 #include "ops.h"
 #include "quantized_rows.h"
@@ -276,18 +278,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("PANEL") = nxk::kPanel;
   m.attr("LANES") = nxk::kLanes;
   m.attr("QBLOCK") = nxk::kQBlock;
-  m.attr("Q8") = static_cast<int64_t>(nxk::kQ8);
-  m.attr("Q4") = static_cast<int64_t>(nxk::kQ4);
-  m.attr("Q4S") = static_cast<int64_t>(nxk::kQ4S);
-  m.attr("Q8S") = static_cast<int64_t>(nxk::kQ8S);
-  m.attr("Q5S") = static_cast<int64_t>(nxk::kQ5S);
-  m.attr("I4") = static_cast<int64_t>(nxk::kI4);
-  m.attr("I4S") = static_cast<int64_t>(nxk::kI4S);
-  m.attr("Q3S") = static_cast<int64_t>(nxk::kQ3S);
-  m.attr("Q2S") = static_cast<int64_t>(nxk::kQ2S);
-  m.attr("Q5") = static_cast<int64_t>(nxk::kQ5);
-  m.attr("Q5Z") = static_cast<int64_t>(nxk::kQ5Z);
-  m.attr("Q4Z") = static_cast<int64_t>(nxk::kQ4Z);
+  // the base formats by name, for quant_pack.py's mirror of them (tests compare the two)
+  const std::pair<const char*, nxk::QFormat> formats[] = {
+      {"Q8", nxk::kQ8},   {"Q4", nxk::kQ4},   {"Q4S", nxk::kQ4S}, {"Q8S", nxk::kQ8S}, {"Q5S", nxk::kQ5S},
+      {"I4", nxk::kI4},   {"I4S", nxk::kI4S}, {"Q3S", nxk::kQ3S}, {"Q2S", nxk::kQ2S}, {"Q5", nxk::kQ5},
+      {"Q5Z", nxk::kQ5Z}, {"Q4Z", nxk::kQ4Z}};
+  for (const auto& [name, format] : formats) m.attr(name) = static_cast<int64_t>(format);
   m.attr("DOT_FORMATS") = static_cast<int64_t>(nxk::kDotFormats);
   m.attr("Q8_TILE_BYTES") = nxk::tile_bytes(nxk::kQ8);
   m.attr("Q4_TILE_BYTES") = nxk::tile_bytes(nxk::kQ4);

@@ -195,7 +195,6 @@ static inline void q8s_block_scales(const uint8_t* panel, int64_t b, float* out)
   }
 }
 
-// I4S block b's scales D * (sc - 32) per column, as float32 d[16] (then 16 zeros) into out: exact products
 // 16 columns' D * (sc - 32) into out, from their float16 D and 6-bit scales sc (kSixBitScales bytes at
 // ``six``: column c's low 4 bits in byte c % 8, columns 8.. in the high nibbles; its high 2 bits at bits
 // 2 (c % 4) of byte 8 + c / 4): exact products
@@ -236,28 +235,28 @@ static inline void q2s_block_scales(const uint8_t* panel, int64_t b, float* out)
     }
 }
 
+// Block b's scales formed into buf (kHeadFloats), for a format with formed scales (has_formed_scales)
+template <int F>
+static inline void block_scales(const uint8_t* panel, int64_t b, float* buf) {
+  constexpr int f = F % kBaseFormats;
+  if constexpr (has_k4_head(f)) q4s_block_scales<f>(panel, b, buf);
+  if constexpr (f == kQ8S) q8s_block_scales(panel, b, buf);
+  if constexpr (f == kI4S) i4s_block_scales(panel, b, buf);
+  if constexpr (f == kQ3S) q3s_block_scales(panel, b, buf);
+  if constexpr (f == kQ2S) q2s_block_scales(panel, b, buf);
+}
+
 // Where block b's scale header is read from: its tile's own header, except for the K types, whose
-// scales are formed into ``buf`` (2 * kPanel floats) as float32 d[16] then m[16] (Q4S: the mins; Q8S:
-// the second half block's scales): the same header the readers below take for every float32 scale.
+// scales are formed into ``buf`` (kHeadFloats floats, laid out as kHeadFloats says): the same header the
+// readers below take for every float32 scale.
 template <int F>
 static inline const uint8_t* block_head(const uint8_t* panel, int64_t b, float* buf) {
-  if constexpr (has_k4_head(F)) {
-    q4s_block_scales<F % kBaseFormats>(panel, b, buf);
+  if constexpr (has_formed_scales(F)) {
+    block_scales<F>(panel, b, buf);
     return reinterpret_cast<const uint8_t*>(buf);
-  } else if constexpr (F % kBaseFormats == kQ8S) {
-    q8s_block_scales(panel, b, buf);
-    return reinterpret_cast<const uint8_t*>(buf);
-  } else if constexpr (F % kBaseFormats == kI4S) {
-    i4s_block_scales(panel, b, buf);
-    return reinterpret_cast<const uint8_t*>(buf);
-  } else if constexpr (F % kBaseFormats == kQ3S) {
-    q3s_block_scales(panel, b, buf);
-    return reinterpret_cast<const uint8_t*>(buf);
-  } else if constexpr (F % kBaseFormats == kQ2S) {
-    q2s_block_scales(panel, b, buf);
-    return reinterpret_cast<const uint8_t*>(buf);
+  } else {
+    return tile_at<F>(panel, b);
   }
-  return tile_at<F>(panel, b);
 }
 
 // Q8S: the high 2 bits of column c's quant at k (0..31) of a block tile's quants, as plain tiles hold them

@@ -93,23 +93,17 @@ static inline void q2s_scales16(const uint8_t* panel, int64_t b, float* out) {
 // block_head with the K types' scales formed 16 columns at once
 template <int F>
 static inline const uint8_t* block_head16(const uint8_t* panel, int64_t b, float* buf) {
-  if constexpr (has_k4_head(F)) {
-    q4s_scales16<F % kBaseFormats>(panel, b, buf);
+  constexpr int f = F % kBaseFormats;
+  if constexpr (has_formed_scales(f)) {
+    if constexpr (has_k4_head(f)) q4s_scales16<f>(panel, b, buf);
+    if constexpr (f == kQ8S) q8s_scales16(panel, b, buf);
+    if constexpr (f == kI4S) i4s_scales16(panel, b, buf);
+    if constexpr (f == kQ3S) q3s_scales16(panel, b, buf);
+    if constexpr (f == kQ2S) q2s_scales16(panel, b, buf);
     return reinterpret_cast<const uint8_t*>(buf);
-  } else if constexpr (F % kBaseFormats == kQ8S) {
-    q8s_scales16(panel, b, buf);
-    return reinterpret_cast<const uint8_t*>(buf);
-  } else if constexpr (F % kBaseFormats == kI4S) {
-    i4s_scales16(panel, b, buf);
-    return reinterpret_cast<const uint8_t*>(buf);
-  } else if constexpr (F % kBaseFormats == kQ3S) {
-    q3s_scales16(panel, b, buf);
-    return reinterpret_cast<const uint8_t*>(buf);
-  } else if constexpr (F % kBaseFormats == kQ2S) {
-    q2s_scales16(panel, b, buf);
-    return reinterpret_cast<const uint8_t*>(buf);
+  } else {
+    return tile_at<F>(panel, b);
   }
-  return tile_at<F>(panel, b);
 }
 
 }  // namespace nxk

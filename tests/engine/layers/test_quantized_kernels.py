@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from engine import kernels
+from engine.kernels import quant_pack
 from engine.kernels.quant_pack import pack_quantized, quantized_rows, unpack_quantized
 from engine.layers.linear import LinearWeight
 from engine.quantized import (
@@ -206,3 +207,15 @@ def test_linear_weight_holds_the_blocks_and_reads_rows():
     assert lw.quantized is None
     assert torch.equal(lw.dense(), qw.dequantize() * 2)
     np.testing.assert_array_equal(lw.rows(torch.tensor([1])).numpy(), (qw.dequantize() * 2)[[1]].numpy())
+
+
+def test_quant_packs_formats_are_the_kernels_own():
+    """quant_pack.py mirrors quantized.h's base formats by value (and their count, the dot layouts' offset)."""
+    module = kernels.backend().module
+    if module is None:
+        pytest.skip("the portable backend has no compiled formats to compare")
+    names = ("Q8", "Q4", "Q4S", "Q8S", "Q5S", "I4", "I4S", "Q3S", "Q2S", "Q5", "Q5Z", "Q4Z")
+    assert {name: getattr(module, name) for name in names} == {
+        name: getattr(quant_pack, name) for name in names
+    }
+    assert module.DOT_FORMATS == quant_pack.DOT == len(names)
