@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engine.config import EngineConfig, ModelConfig
+    from engine.config import EngineConfig
     from engine.llm import LLM
     from engine.llm_engine import Engine
+    from engine.model_config import ModelConfig
     from engine.outputs import RequestOutput
     from engine.sampling_params import SamplingParams
 
@@ -17,7 +18,7 @@ _EXPORTS = {
     "LLM": "engine.llm",
     "Engine": "engine.llm_engine",
     "EngineConfig": "engine.config",
-    "ModelConfig": "engine.config",
+    "ModelConfig": "engine.model_config",
     "RequestOutput": "engine.outputs",
     "SamplingParams": "engine.sampling_params",
 }

@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 from typing import Any, cast
 
-from engine.config import EngineConfig, ModelConfig
+from engine.config import EngineConfig
 from engine.drive import Arrival, drive
 from engine.errors import InvalidRequestError
 from engine.llm_engine import Engine
 from engine.loader import ChatTokenizer, load_model
 from engine.memory import reclaim
+from engine.model_config import ModelConfig
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 

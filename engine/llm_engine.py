@@ -15,12 +15,13 @@ from types import MappingProxyType
 
 import torch
 
-from engine.config import EngineConfig, ModelConfig, resolve_device
+from engine.config import EngineConfig, resolve_device
 from engine.errors import CapacityError, InvalidRequestError
 from engine.kv.block_pool import BlockPool
 from engine.kv.cache import KVCache
 from engine.layers.sampler import Sample, SampleRequest, sample_batch
 from engine.loader import ChatTokenizer, IncrementalDetokenizer, LoadedModel
+from engine.model_config import ModelConfig
 from engine.model_runner import ModelRunner
 from engine.models.llama import Faults, PagedLlama
 from engine.outputs import RequestOutput

@@ -37,36 +37,7 @@ import gguf
 import numpy as np
 import torch
 
-BLOCK = 32  # elements per block of the 32-element types; every kept type's K is a multiple of it
-BLOCK_BYTES = {
-    "Q8_0": 34,
-    "Q4_0": 18,
-    "Q4_1": 20,
-    "Q4_K": 144,
-    "Q6_K": 210,
-    "Q5_K": 176,
-    "IQ4_NL": 18,
-    "IQ4_XS": 136,
-    "Q3_K": 110,
-    "Q2_K": 84,
-    "Q5_0": 22,
-    "Q5_1": 24,
-}
-BLOCK_ELEMENTS = {
-    "Q8_0": 32,
-    "Q4_0": 32,
-    "Q4_1": 32,
-    "Q4_K": 256,
-    "Q6_K": 256,
-    "Q5_K": 256,
-    "IQ4_NL": 32,
-    "IQ4_XS": 256,
-    "Q3_K": 256,
-    "Q2_K": 256,
-    "Q5_0": 32,
-    "Q5_1": 32,
-}
-QTYPES = tuple(BLOCK_BYTES)
+from engine.quant_layout import BLOCK, BLOCK_BYTES, BLOCK_ELEMENTS, QTYPES  # noqa: F401 - its types
 
 
 @dataclass(frozen=True)

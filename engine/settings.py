@@ -115,13 +115,27 @@ def check_choice(name: str, value: object, choices: Iterable[str]) -> None:
 
 def check_kv_cache_dtype(kv_cache_dtype: str, dtype: str) -> None:
     """The KV cache's pairing rule: "auto", the model's ``dtype``, or float16 under a float32 model (the
-    kernels read a float16 cache widened to float32, exactly). engine/config.py kv_cache_dtype resolves it."""
+    kernels read a float16 cache widened to float32, exactly). kv_cache_dtype_name resolves it."""
     check_choice("kv_cache_dtype", kv_cache_dtype, KV_CACHE_DTYPES)
     if kv_cache_dtype in ("auto", dtype) or (kv_cache_dtype == "float16" and dtype == "float32"):
         return
     raise InvalidRequestError(
         f"kv_cache_dtype {kv_cache_dtype} needs a {kv_cache_dtype} model (or float16 under float32), not {dtype}"
     )
+
+
+def kv_cache_dtype_name(setting: str, dtype: str, holds_quantized: bool) -> str:
+    """The KV cache's dtype (by name) for kv_cache_dtype ``setting`` under a model of ``dtype``.
+
+    "auto": float16 where a float32 model holds quantized weights on the CPU kernels (``holds_quantized``:
+    that path is already a hair off the float path, and a float16 cache halves the bytes each decode row's
+    attention streams, as llama.cpp's and Ollama's default cache does), else ``dtype``: the float path
+    stays exact. A named dtype pairs as check_kv_cache_dtype says (values are stored rounded to nearest,
+    ties to even)."""
+    check_kv_cache_dtype(setting, dtype)
+    if setting == "auto":
+        return "float16" if holds_quantized and dtype == "float32" else dtype
+    return setting
 
 
 def check_positive(name: str, value: object) -> None:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING
 
-from engine.llm_engine import Engine
+if TYPE_CHECKING:  # the hooks take an Engine; importing it here would load torch for every nxctl command
+    from engine.llm_engine import Engine
 
 
 def perturb_weight(engine: Engine, name: str, delta: float = 0.05, index: int = 0) -> None:

@@ -39,18 +39,11 @@ from engine.settings import ACTIVATION_MODES
 from engine.workload import LengthRange, WorkloadRequest, WorkloadSpec, make_workload
 from gates.framework import Gate, GateRun
 from gates.runs import any_differ, differing, digest, run_schedule, run_solos
+from gates.seed import THREADS_ENV, gate_seed
 
-SEED_ENV = "NXCTL_GATE_SEED"
-THREADS_ENV = "NXCTL_THREADS"
 BLOCK_SIZE = EngineConfig().block_size  # the engines here use the default KV block
 MAX_SHARED_PREFIX = 64  # tokens of the prefix some drawn prompts share
 SMOLLM2_SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # qkv, o, gate_up, down (out, in)
-
-
-def gate_seed() -> int:
-    """The seed every drawn case derives from (NXCTL_GATE_SEED, default 0)."""
-    raw = os.environ.get(SEED_ENV, "0").strip() or "0"
-    return int(raw, 0)
 
 
 @dataclass(frozen=True)

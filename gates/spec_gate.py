@@ -23,8 +23,8 @@ from engine.llm import LLM
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from gates.framework import Gate, GateRun
-from gates.invariance_gate import gate_seed
 from gates.runs import any_differ, differing, run_solo, run_together
+from gates.seed import gate_seed
 
 Case = tuple[list[int], SamplingParams]
 SMALL_POOL: dict[str, Any] = {"num_kv_blocks": 24, "block_size": 4, "prefill_chunk": 8}  # preempts

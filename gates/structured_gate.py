@@ -27,8 +27,8 @@ from engine.sampling_params import SamplingParams
 from engine.structured import Grammar
 from engine.structured.tools import HERMES, LLAMA3, Tool, parse_tool_calls, takes_many_calls, tool_grammar
 from gates.framework import Gate, GateRun
-from gates.invariance_gate import gate_seed
 from gates.runs import run_solo, run_together, same
+from gates.seed import gate_seed
 
 MODEL = "tiny"
 EMAIL = r"[a-z]{1,10}@[a-z]{2,8}\.(com|org|net)"

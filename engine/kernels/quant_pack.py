@@ -44,64 +44,40 @@ import gguf
 import numpy as np
 import torch
 
-from engine.quantized import BLOCK, QuantizedWeight
+from engine.quant_layout import (  # noqa: F401 - the layout's sizes, named here as the packers use them
+    BLOCK,
+    DOT,
+    FORMAT_OF,
+    GROUP,
+    HEAD,
+    I4,
+    I4S,
+    PANEL,
+    Q2S,
+    Q3S,
+    Q4,
+    Q4S,
+    Q4Z,
+    Q5,
+    Q5S,
+    Q5Z,
+    Q8,
+    Q8S,
+    SCALE_BYTES,
+    SIX_BIT_BYTES,
+    SUPER,
+    TILE_BYTES,
+    WIDE,
+    WIDE_SCALE_BYTES,
+    packed_bytes,
+    super_bytes,
+)
+from engine.quantized import QuantizedWeight
 
-PANEL = 16
-Q8, Q4, Q4S, Q8S, Q5S, I4, I4S, Q3S, Q2S, Q5, Q5Z, Q4Z = range(12)  # quantized.h QFormat
-DOT = 12  # qdot.h: format + DOT is the format in the dot layout (int8 activations); the base formats' count
-WIDE = 2 * DOT  # qdot.h: format + WIDE is the dot layout with int16 activations
 # EngineConfig.activations -> format offset ("mixed": int16, int8 for context rows, the same bytes)
 ACTIVATION_OFFSET = {"float": 0, "int8": DOT, "int16": WIDE, "mixed": WIDE}
 QUADS = BLOCK // 4
-FORMAT_OF = {
-    "Q8_0": Q8,
-    "Q4_0": Q4Z,
-    "Q4_1": Q4,
-    "Q4_K": Q4S,
-    "Q6_K": Q8S,
-    "Q5_K": Q5S,
-    "IQ4_NL": I4,
-    "IQ4_XS": I4S,
-    "Q3_K": Q3S,
-    "Q2_K": Q2S,
-    "Q5_1": Q5,
-    "Q5_0": Q5Z,
-}
 IQ4_VALUES = torch.tensor(gguf.quants.IQ4_NL.kvalues, dtype=torch.float32)  # a nibble's value
-SCALE_BYTES = PANEL * 2  # 16 float16 scales (or mins)
-WIDE_SCALE_BYTES = PANEL * 4  # 16 float32 scales (or mins)
-SUPER = 8  # Q4S: blocks of 32 per super-block (Q4_K's 256 k)
-Q4S_HEAD = 2 * SCALE_BYTES + SUPER * PANEL // 2  # d, dmin float16 [16] each; the scales' high bits
-TILE_BYTES = {  # per block of 32 k (Q4S: after its super-tile's header)
-    Q8: SCALE_BYTES + BLOCK * PANEL,
-    Q4: 2 * SCALE_BYTES + BLOCK * PANEL // 2,
-    Q4S: PANEL + BLOCK * PANEL // 2,
-    Q8S: BLOCK * PANEL // 2 + BLOCK * PANEL // 4,  # the quants' low and high planes
-    Q5S: PANEL + BLOCK * PANEL // 2 + BLOCK * PANEL // 8,  # Q4S's, then the bit plane
-    I4: SCALE_BYTES + BLOCK * PANEL // 2,
-    I4S: BLOCK * PANEL // 2,  # the nibbles alone (the sub-scales are in the header)
-    Q3S: BLOCK * PANEL // 4 + BLOCK * PANEL // 8,  # a 2-bit plane, a bit plane
-    Q2S: BLOCK * PANEL // 4,  # a 2-bit plane
-    Q5: 2 * SCALE_BYTES + BLOCK * PANEL // 2 + BLOCK * PANEL // 8,  # d, m, nibbles, bit plane
-    Q5Z: SCALE_BYTES + BLOCK * PANEL // 2 + BLOCK * PANEL // 8,  # d, nibbles, bit plane
-    Q4Z: SCALE_BYTES + BLOCK * PANEL // 2,  # d, nibbles
-}
-Q8S_HEAD = SCALE_BYTES + 2 * SUPER * PANEL  # D float16 [16]; int8 sub-scales [16][16]
-GROUP = {
-    Q8: 1,
-    Q4: 1,
-    Q4S: SUPER,
-    Q8S: SUPER,
-    Q5S: SUPER,
-    I4: 1,
-    I4S: SUPER,
-    Q3S: SUPER,
-    Q2S: SUPER,
-    Q5: 1,
-    Q5Z: 1,
-    Q4Z: 1,
-}  # blocks per (super-)tile of the packed tensor's last dimension
-SIX_BIT_BYTES = PANEL // 2 + PANEL // 4  # 16 rows' 6-bit scales (I4S, Q3S): 4 + 2 bits
 # the planes of a block tile's quants, low bits first: 8-bit bytes, nibbles, 2-bit values, 1-bit values
 PLANES = {
     Q8: ("int8",),
@@ -133,32 +109,6 @@ HEADER_BYTES = {
     Q5Z: SCALE_BYTES,
     Q4Z: SCALE_BYTES,
 }
-HEAD = {
-    Q8: 0,
-    Q4: 0,
-    Q4S: Q4S_HEAD,
-    Q8S: Q8S_HEAD,
-    Q5S: Q4S_HEAD,
-    I4: 0,
-    I4S: SCALE_BYTES + SUPER * SIX_BIT_BYTES,  # D float16 [16]; per block 12 bytes of sub-scales
-    Q3S: SCALE_BYTES + 2 * SUPER * SIX_BIT_BYTES,  # D float16 [16]; per sub-block of 16 k 12 bytes of scales
-    Q2S: 2 * SCALE_BYTES + 2 * SUPER * PANEL,  # D, Dmin float16 [16]; per sub-block sc | mn << 4 [16]
-    Q5: 0,
-    Q5Z: 0,
-    Q4Z: 0,
-}  # a super-tile's header before its block tiles
-
-
-def super_bytes(fmt: int) -> int:
-    """Bytes of one entry of a packed tensor's last dimension: a (super-)tile of GROUP[fmt] blocks."""
-    base = fmt % DOT
-    return HEAD[base] + GROUP[base] * TILE_BYTES[base]
-
-
-def packed_bytes(qtype: str, n: int, k: int) -> int:
-    """Bytes a quantized [N, K] weight of ``qtype`` occupies packed."""
-    fmt = FORMAT_OF[qtype]
-    return -(-n // PANEL) * (k // (BLOCK * GROUP[fmt])) * super_bytes(fmt)
 
 
 def _f16(raw: torch.Tensor) -> torch.Tensor:

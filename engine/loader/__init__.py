@@ -1,18 +1,21 @@
-"""Model loading: named models, Hugging Face folders and GGUF files into one ModelConfig + weights + tokenizer."""
+"""Model loading: named models, Hugging Face folders and GGUF files into one ModelConfig + weights + tokenizer.
+
+Reading a config or a tokenizer is torch-free (planning and listing models never load torch); the weights
+(``load_model``, ``LoadedModel``: engine/loader/model_files.py) are imported when first named."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from engine.config import ModelConfig
-from engine.errors import ModelFileError
 from engine.loader import gguf_file, hf_cache, hf_folder, ollama_store
 from engine.loader.sources import NAMED_MODELS, ModelSource, resolve_model
 from engine.loader.tokenizer import ChatTokenizer, IncrementalDetokenizer
-from engine.quantized import QuantizedWeight, dense
+from engine.model_config import ModelConfig
+
+if TYPE_CHECKING:
+    from engine.loader.model_files import LoadedModel, load_model
 
 __all__ = [
     "NAMED_MODELS",
@@ -27,23 +30,6 @@ __all__ = [
     "load_tokenizer",
     "resolve_model",
 ]
-
-
-@dataclass
-class LoadedModel:
-    """What a loader returns, whatever the source: config, weights by HF name as the file holds them
-    (float tensors: float32, or 16-bit where the file's are, a GGUF's F16 / BF16 matrices included; or
-    QuantizedWeight blocks for a quantized GGUF tensor), tokenizer."""
-
-    source: ModelSource
-    config: ModelConfig
-    weights: dict[str, torch.Tensor | QuantizedWeight]
-    tokenizer: ChatTokenizer
-
-    def dense_weights(self) -> dict[str, torch.Tensor]:
-        """Every weight as a plain tensor (quantized ones dequantized to float32: the values our kernels
-        compute with; float ones as held, 16-bit ones 16-bit)."""
-        return {name: dense(w) for name, w in self.weights.items()}
 
 
 def load_config(source: ModelSource | str | Path) -> ModelConfig:
@@ -65,60 +51,8 @@ def load_tokenizer(source: ModelSource | str | Path) -> tuple[ModelConfig, ChatT
     return config, hf_folder.folder_tokenizer(src.path, config)
 
 
-def load_model(source: ModelSource | str | Path) -> LoadedModel:
-    """Load config, weights and tokenizer; raises UnknownModelError / ModelFileError / UnsupportedModelError."""
-    src = source if isinstance(source, ModelSource) else resolve_model(source)
-    weights: dict[str, torch.Tensor | QuantizedWeight]
-    if src.kind == "gguf":
-        reader = gguf_file.open_reader(src.path)
-        config = gguf_file.gguf_config(reader, src.name)
-        tokenizer = gguf_file.gguf_tokenizer(reader, config)
-        gguf_file.release_metadata(reader)
-        weights = gguf_file.gguf_weights(reader, config, src.name)
-    else:
-        config = hf_folder.folder_config(src.path)
-        tokenizer = hf_folder.folder_tokenizer(src.path, config)
-        weights = dict(hf_folder.folder_weights(src.path, config))
-    _check_weights(config, weights, src)
-    return LoadedModel(src, config, weights, tokenizer)
-
-
-def _check_weights(
-    config: ModelConfig, weights: dict[str, torch.Tensor | QuantizedWeight], src: ModelSource
-) -> None:
-    """Every tensor the forward needs is present with the shape the config implies."""
-    h, q, kv, i = config.hidden_size, config.q_size, config.kv_size, config.intermediate_size
-    expected = {"model.embed_tokens.weight": (config.vocab_size, h), "model.norm.weight": (h,)}
-    if not config.tie_word_embeddings:
-        expected["lm_head.weight"] = (config.vocab_size, h)
-    for n in range(config.num_layers):
-        p = f"model.layers.{n}."
-        expected |= {
-            p + "input_layernorm.weight": (h,),
-            p + "post_attention_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (q, h),
-            p + "self_attn.k_proj.weight": (kv, h),
-            p + "self_attn.v_proj.weight": (kv, h),
-            p + "self_attn.o_proj.weight": (h, q),
-            p + "mlp.gate_proj.weight": (i, h),
-            p + "mlp.up_proj.weight": (i, h),
-            p + "mlp.down_proj.weight": (h, i),
-        }
-        if config.attention_bias:
-            expected |= {p + f"self_attn.{x}_proj.bias": (q if x == "q" else kv,) for x in "qkv"}
-        if config.sandwich_norms:
-            expected |= {
-                p + f"{x}.weight": (h,) for x in ("pre_feedforward_layernorm", "post_feedforward_layernorm")
-            }
-        if config.qk_norm:
-            expected |= {
-                p + "self_attn.q_norm.weight": (config.head_dim,),
-                p + "self_attn.k_norm.weight": (config.head_dim,),
-            }
-    for name, shape in expected.items():
-        if name not in weights:
-            raise ModelFileError(f"{src.name}: missing tensor {name}")
-        if tuple(weights[name].shape) != shape:
-            raise ModelFileError(
-                f"{src.name}: tensor {name} has shape {tuple(weights[name].shape)}, expected {shape}"
-            )
+def __getattr__(name: str) -> object:
+    """``load_model`` and ``LoadedModel`` from engine/loader/model_files.py, imported (with torch) on first use."""
+    if name in ("load_model", "LoadedModel"):
+        return getattr(importlib.import_module("engine.loader.model_files"), name)
+    raise AttributeError(f"module 'engine.loader' has no attribute {name!r}")

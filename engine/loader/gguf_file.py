@@ -17,7 +17,6 @@ Phi-3: attn_qkv and ffn_up hold fused q|k|v and gate|up, longrope factors in rop
 
 from __future__ import annotations
 
-import mmap
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -25,27 +24,18 @@ from typing import Any, SupportsFloat, SupportsInt, cast
 
 import gguf
 import numpy as np
-import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from engine.config import ModelConfig, RopeScaling
 from engine.errors import ModelFileError, UnsupportedModelError
-from engine.loader.families import GEMMA_LOCAL_THETA, GEMMA_PATTERN, gemma_windows, split_fused, yarn_mscale
+from engine.loader.families import GEMMA_LOCAL_THETA, GEMMA_PATTERN, gemma_windows, yarn_mscale
+from engine.loader.gguf_header import GGUFHeader
 from engine.loader.gguf_spm import spm_specials, spm_tokenizer
-from engine.loader.progress import track
 from engine.loader.tokenizer import STOP_TOKENS, ChatTokenizer
-from engine.quantized import BLOCK_BYTES, BLOCK_ELEMENTS, QuantizedWeight
+from engine.model_config import ModelConfig, RopeScaling
+from engine.quant_layout import BLOCK_BYTES
 
-# every type common GGUF files hold that gguf can dequantize (kept quantized: quantized.BLOCK_BYTES)
-SUPPORTED_TYPES = {
-    gguf.GGMLQuantizationType[name]
-    for name in (
-        "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
-        "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
-    )
-}  # fmt: skip
 # matrices kept in 16 bits (the values gguf's dequantization gives, widened exactly in the kernels)
-HALF_TYPES = {"F16": torch.float16, "BF16": torch.bfloat16}
+HALF_TYPES = ("F16", "BF16")
 LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
@@ -70,7 +60,6 @@ FAMILY_LAYER_NAMES = {
     "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
 }
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
-PERMUTED = ("llama",)  # architectures whose q/k rows llama.cpp's converter permutes
 QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -90,16 +79,13 @@ PRE_TOKENIZER_SPLITS = {
 }
 
 
-def open_reader(path: Path) -> gguf.GGUFReader:
-    try:
-        return gguf.GGUFReader(str(path))
-    except (ValueError, OSError, IndexError, KeyError) as exc:
-        raise ModelFileError(f"corrupt GGUF file {path.name}: {exc}") from None
+def open_reader(path: Path) -> GGUFHeader:
+    """The file's header, its tensors mapped (engine/loader/gguf_header.py); ModelFileError if unreadable."""
+    return GGUFHeader(path)
 
 
-def _field(reader: gguf.GGUFReader, key: str, default: object = None) -> object:
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
+def _field(reader: GGUFHeader, key: str, default: object = None) -> object:
+    return reader.field(key, default)
 
 
 def _as_int(value: object) -> int:
@@ -118,7 +104,7 @@ def _as_float(value: object) -> float:
     raise TypeError(f"float() argument must be a string or a real number, not '{type(value).__name__}'")
 
 
-def file_type(reader: gguf.GGUFReader) -> str:
+def file_type(reader: GGUFHeader) -> str:
     """The file's type as llama.cpp and Ollama name it ("Q4_1", "Q4_K_M", "F16", "F32"): its
     ``general.file_type``, or where the file lacks one (or says GUESSED) the type of most of its matrices'
     elements (a K-quant mix then reads "Q4_K", its _S/_M/_L unknown); "unknown" for a file of no matrix."""
@@ -135,7 +121,7 @@ def file_type(reader: gguf.GGUFReader) -> str:
     return elements.most_common(1)[0][0] if elements else "unknown"
 
 
-def gguf_config(reader: gguf.GGUFReader, name: str) -> ModelConfig:
+def gguf_config(reader: GGUFHeader, name: str) -> ModelConfig:
     arch = _field(reader, "general.architecture")
     if arch not in ARCHITECTURES:
         raise UnsupportedModelError(
@@ -158,14 +144,14 @@ def gguf_config(reader: gguf.GGUFReader, name: str) -> ModelConfig:
     quantized = tuple(
         (hf, t.tensor_type.name)
         for t in reader.tensors
-        if t.tensor_type.name in BLOCK_BYTES and (hf := _hf_name(t.name, str(arch))) is not None
+        if t.tensor_type.name in BLOCK_BYTES and (hf := hf_name(t.name, str(arch))) is not None
     )
     half = tuple(
         (hf, t.tensor_type.name)
         for t in reader.tensors
         if t.tensor_type.name in HALF_TYPES
         and len(t.shape) == 2
-        and (hf := _hf_name(t.name, str(arch))) is not None
+        and (hf := hf_name(t.name, str(arch))) is not None
     )
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     head_dim = _as_int(
@@ -204,7 +190,7 @@ def gguf_config(reader: gguf.GGUFReader, name: str) -> ModelConfig:
 
 
 def _gemma3_fields(
-    reader: gguf.GGUFReader, p: str, hidden: int, heads: int, head_dim: int, layers: int
+    reader: GGUFHeader, p: str, hidden: int, heads: int, head_dim: int, layers: int
 ) -> dict[str, Any]:
     """What a Gemma 3 file implies beyond Llama's fields, as llama.cpp reads it."""
     window = _as_int(_field(reader, p + "attention.sliding_window", 0))
@@ -225,7 +211,7 @@ def _gemma3_fields(
     }
 
 
-def _rope_scaling(reader: gguf.GGUFReader, p: str) -> RopeScaling | None:
+def _rope_scaling(reader: GGUFHeader, p: str) -> RopeScaling | None:
     """Llama 3.1's scaling as the file's rope_freqs divisors, Phi-3's longrope factors, or
     rope.scaling.type linear; None otherwise."""
     tensors = {t.name: t for t in reader.tensors}
@@ -264,14 +250,7 @@ def _rope_scaling(reader: gguf.GGUFReader, p: str) -> RopeScaling | None:
     return RopeScaling(kind=str(kind), factor=_as_float(_field(reader, p + "rope.scaling.factor", 1.0)))
 
 
-def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Undo llama.cpp's q/k row permutation: [n_heads, 2, d/2, in] interleave -> rotate-half layout."""
-    # w: [n_heads * head_dim, in]
-    out_dim, in_dim = w.shape
-    return w.reshape(n_heads, out_dim // n_heads // 2, 2, in_dim).transpose(1, 2).reshape(out_dim, in_dim)
-
-
-def _hf_name(gguf_name: str, arch: str) -> str | None:
+def hf_name(gguf_name: str, arch: str) -> str | None:
     base, _, suffix = gguf_name.rpartition(".")
     parts = base.split(".")
     names = LAYER_NAMES | FAMILY_LAYER_NAMES.get(arch, {})
@@ -282,75 +261,10 @@ def _hf_name(gguf_name: str, arch: str) -> str | None:
     return None
 
 
-def _tensor(tensor: gguf.ReaderTensor) -> torch.Tensor | QuantizedWeight:
-    """One GGUF tensor, copied out of the file's mapping: quantized blocks and 16-bit matrices kept,
-    other types widened to float32."""
-    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
-    qtype = tensor.tensor_type.name
-    if qtype in HALF_TYPES and len(shape) == 2:
-        raw = np.array(tensor.data, copy=True).view(np.uint8)  # F16: float16 [N, K]; BF16: bytes [N, 2K]
-        return torch.from_numpy(raw).view(HALF_TYPES[qtype]).reshape(shape)  # [N, K]
-    if qtype in BLOCK_BYTES and len(shape) == 2:
-        raw = np.array(tensor.data, dtype=np.uint8, copy=True)  # [N, K / 32 * block bytes]
-        blocks = torch.from_numpy(raw).view(shape[0], shape[1] // BLOCK_ELEMENTS[qtype], BLOCK_BYTES[qtype])
-        return QuantizedWeight(qtype, blocks, (shape[0], shape[1]))
-    try:
-        array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-    except (ValueError, NotImplementedError) as exc:
-        raise ModelFileError(f"cannot dequantize {tensor.name}: {exc}") from None
-    return torch.from_numpy(np.array(array, dtype=np.float32, copy=True)).reshape(shape)
-
-
-def _row_order(out_dim: int, n_heads: int) -> torch.Tensor:
-    """The row order ``_unpermute`` gives, as indices: [out_dim] long."""
-    return _unpermute(torch.arange(out_dim).view(out_dim, 1), n_heads).view(-1)
-
-
-def release_metadata(reader: gguf.GGUFReader) -> None:
-    """Drop the reader's parsed metadata once config and tokenizer are built (mutates ``reader``): the
-    reader holds two numpy views per string of the vocabulary and merges (160 MB for SmolLM2's
-    49152 tokens), which would otherwise stay alive while the weights are copied."""
+def release_metadata(reader: GGUFHeader) -> None:
+    """Drop the header's metadata once config and tokenizer are built (mutates ``reader``): the vocabulary
+    and merges as Python strings would otherwise stay alive while the weights are read."""
     reader.fields.clear()
-
-
-def _unmap(reader: gguf.GGUFReader, tensor: gguf.ReaderTensor) -> None:
-    """Let go of the file pages of ``tensor`` once copied: they leave this process's RSS (they stay in
-    the page cache), so a load holds one copy of the weights plus one tensor's pages, not two copies."""
-    mapping = getattr(reader.data, "_mmap", None)
-    if mapping is None or not hasattr(mapping, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
-        return
-    page = mmap.PAGESIZE
-    start = -(-int(tensor.data_offset) // page) * page  # whole pages inside the tensor only
-    end = (int(tensor.data_offset) + int(tensor.n_bytes)) // page * page
-    if end > start:
-        mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
-
-
-def gguf_weights(
-    reader: gguf.GGUFReader, config: ModelConfig, name: str
-) -> dict[str, torch.Tensor | QuantizedWeight]:
-    """Every tensor under its Hugging Face name, q/k un-permuted; quantized ones stay quantized, F16 and
-    BF16 matrices 16-bit."""
-    weights: dict[str, torch.Tensor | QuantizedWeight] = {}
-    for tensor in track(reader.tensors, len(reader.tensors), f"loading {name}"):
-        if tensor.tensor_type not in SUPPORTED_TYPES:
-            raise UnsupportedModelError(
-                f"unsupported GGUF tensor type {tensor.tensor_type.name} in {tensor.name}"
-            )
-        hf = _hf_name(tensor.name, config.architecture)
-        if hf is None:
-            continue  # e.g. rope_freqs: derived from the config instead
-        w = _tensor(tensor)
-        _unmap(reader, tensor)
-        heads = {"q_proj.weight": config.num_heads, "k_proj.weight": config.num_kv_heads}.get(hf[-13:])
-        if heads is None and config.architecture in PERMUTED and hf.endswith(("q_proj.bias", "k_proj.bias")):
-            heads = config.num_heads if hf.endswith("q_proj.bias") else config.num_kv_heads
-        if heads is not None and config.architecture in PERMUTED:
-            order = _row_order(w.shape[0], heads)
-            w = w.take_rows(order) if isinstance(w, QuantizedWeight) else w[order]
-        weights[hf] = w
-    split_fused(weights, config)
-    return weights
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -366,7 +280,7 @@ def _bytes_to_unicode() -> dict[int, str]:
     return table
 
 
-def gguf_tokenizer(reader: gguf.GGUFReader, config: ModelConfig) -> ChatTokenizer:
+def gguf_tokenizer(reader: GGUFHeader, config: ModelConfig) -> ChatTokenizer:
     """Byte-level BPE from the file's tokens and merges, control tokens as special tokens; or a
     SentencePiece vocabulary (engine/loader/gguf_spm.py)."""
     model_kind = _field(reader, "tokenizer.ggml.model")

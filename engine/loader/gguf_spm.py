@@ -22,8 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
-import gguf
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+
+from engine.loader.gguf_header import GGUFHeader
 
 SPACE = "\u2581"  # SentencePiece's visible space
 # token types llama.cpp's converter writes (gguf.TokenType)
@@ -48,12 +49,11 @@ class SpmSpecials:
     stop_ids: tuple[int, ...]
 
 
-def _field(reader: gguf.GGUFReader, key: str) -> object:
-    field = reader.fields.get(key)
-    return None if field is None else field.contents()
+def _field(reader: GGUFHeader, key: str) -> object:
+    return reader.field(key)
 
 
-def _vocabulary(reader: gguf.GGUFReader) -> tuple[list[str], list[float], list[int]]:
+def _vocabulary(reader: GGUFHeader) -> tuple[list[str], list[float], list[int]]:
     """The file's pieces, scores and token types (a missing score is 0, a missing type NORMAL)."""
     if _field(reader, "tokenizer.ggml.model") != "llama":
         raise ValueError("not a SentencePiece ('llama') GGUF vocabulary")
@@ -81,7 +81,7 @@ def _token_at(tokens: Sequence[str], value: object) -> str | None:
     return tokens[index] if index is not None and 0 <= index < len(tokens) else None
 
 
-def spm_specials(reader: gguf.GGUFReader) -> SpmSpecials:
+def spm_specials(reader: GGUFHeader) -> SpmSpecials:
     """The special and user-defined tokens, BOS / EOS and stop token ids of the file's vocabulary."""
     tokens, _, types = _vocabulary(reader)
     special = tuple(t for t, kind in zip(tokens, types, strict=True) if kind in (CONTROL, UNKNOWN))
@@ -98,7 +98,7 @@ def spm_specials(reader: gguf.GGUFReader) -> SpmSpecials:
     return SpmSpecials(special, user_defined, bos, eos, tuple(stops))
 
 
-def spm_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
+def spm_tokenizer(reader: GGUFHeader) -> Tokenizer:
     """The file's SentencePiece vocabulary as a `tokenizers.Tokenizer` that encodes as llama.cpp does.
 
     Raises ValueError when the file's tokenizer is not "llama" (SentencePiece)."""

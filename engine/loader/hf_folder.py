@@ -6,16 +6,12 @@ import json
 from pathlib import Path
 from typing import Any, SupportsInt
 
-import torch
-from safetensors import SafetensorError
 from tokenizers import Tokenizer
 
-from engine.config import ModelConfig
 from engine.errors import ModelFileError, UnsupportedModelError
-from engine.loader.families import gemma3_fields, rope_scaling, shift_norms, split_fused
-from engine.loader.progress import track
-from engine.loader.safetensors_file import Shard
+from engine.loader.families import gemma3_fields, rope_scaling
 from engine.loader.tokenizer import STOP_TOKENS, ChatTokenizer
+from engine.model_config import ModelConfig
 
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -114,27 +110,6 @@ def folder_config(folder: Path) -> ModelConfig:
         )
     except KeyError as exc:
         raise ModelFileError(f"config.json in {folder} lacks {exc.args[0]!r}") from None
-
-
-def folder_weights(folder: Path, config: ModelConfig | None = None) -> dict[str, torch.Tensor]:
-    """All tensors of the folder's *.safetensors shards, by their Hugging Face names, as float32;
-    with ``config``, in the one forward's terms (Phi-3's fused weights split, Gemma's norms as 1 + w)."""
-    shards = sorted(folder.glob("*.safetensors"))
-    if not shards:
-        raise ModelFileError(f"no *.safetensors weights in {folder}")
-    weights: dict[str, torch.Tensor] = {}
-    try:
-        names = [(shard, key) for shard in map(Shard, shards) for key in shard.names]
-        for shard, key in track(names, len(names), f"loading {folder.name}"):
-            weights[key] = shard.tensor(key).to(torch.float32)
-    except (SafetensorError, OSError) as exc:
-        raise ModelFileError(f"corrupt safetensors file in {folder}: {exc}") from None
-    if config is not None:
-        held: dict = weights  # the family hooks take quantized weights too; a folder's are all float
-        split_fused(held, config)
-        if config.architecture == "gemma3":
-            shift_norms(held)
-    return weights
 
 
 def folder_tokenizer(folder: Path, config: ModelConfig) -> ChatTokenizer:

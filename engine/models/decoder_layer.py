@@ -21,8 +21,8 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from engine.config import ModelConfig
 from engine.layers.linear import LinearWeight
+from engine.model_config import ModelConfig
 
 L = TypeVar("L")
 

@@ -14,13 +14,9 @@ from __future__ import annotations
 
 import itertools
 
-import torch
-
-from engine.config import ModelConfig, dtype_bytes, parse_dtype
-from engine.config import kv_cache_dtype as kv_cache_dtype_for
-from engine.kernels.quant_pack import PANEL, packed_bytes
-from engine.quantized import BLOCK
-from engine.settings import QUANTIZE_MODES
+from engine.model_config import ModelConfig, dtype_bytes
+from engine.quant_layout import BLOCK, PANEL, packed_bytes
+from engine.settings import DTYPE_NAMES, QUANTIZE_MODES, check_choice, kv_cache_dtype_name
 
 EMBEDDING = "model.embed_tokens.weight"
 
@@ -48,9 +44,9 @@ def holds_quantized(config: ModelConfig, quantize: str = "auto", on_cpu: bool = 
 
 def held_kv_dtype(
     config: ModelConfig, dtype: str, quantize: str = "auto", kv_cache_dtype: str = "auto"
-) -> torch.dtype:
-    """The dtype an engine of ``config`` with these settings (on the CPU) holds its KV pool in."""
-    return kv_cache_dtype_for(kv_cache_dtype, parse_dtype(dtype), holds_quantized(config, quantize))
+) -> str:
+    """The dtype (by name) an engine of ``config`` with these settings (on the CPU) holds its KV pool in."""
+    return kv_cache_dtype_name(kv_cache_dtype, dtype, holds_quantized(config, quantize))
 
 
 def streamed_weight_bytes(
@@ -68,12 +64,12 @@ def _weight_bytes(
     linear is held quantized)."""
     if quantize not in QUANTIZE_MODES:
         raise ValueError(f"unsupported quantize mode {quantize!r}")
-    torch_dtype = parse_dtype(dtype)
-    width = dtype_bytes(torch_dtype)
+    check_choice("dtype", dtype, DTYPE_NAMES)
+    width = dtype_bytes(dtype)
     packed = invariant and on_cpu
     panel_width = (2 if dtype in ("bfloat16", "float16") else 4) if packed else width
     file_types = dict(config.quantized_weights) if quantize != "none" and on_cpu else {}
-    half = dict(config.half_weights) if packed and torch_dtype == torch.float32 else {}
+    half = dict(config.half_weights) if packed and dtype == "float32" else {}
     tied = config.tie_word_embeddings
     quantized: list[str] = []  # the type of each linear held quantized
 

@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 
 from engine import kernels
-from engine.config import ModelConfig
 from engine.errors import UnsupportedModelError
 from engine.kv.cache import KVCache
 from engine.layers.attention import AttentionPlan, paged_attention, plan_attention
@@ -22,6 +21,8 @@ from engine.layers.linear import LinearWeight
 from engine.layers.rmsnorm import rms_norm
 from engine.layers.rope import Rope
 from engine.layers.segmented_linear import SegmentedLinear
+from engine.loader.mapped import release_pages
+from engine.model_config import ModelConfig
 from engine.models.decoder_layer import (
     LINEAR_PARTS,
     QKV_BIAS,
@@ -208,6 +209,7 @@ class PagedLlama:
         if len(quantized) == len(weights) and len({w.qtype for w in quantized}) > 1:
             # quantized types that differ (a Q4_K_M file's q, k in Q4_K and v in Q6_K): each held at its size
             self.linears[key] = SegmentedLinear.of_runs(quantized, self.invariant, self.dtype, activations)
+            _release_file_pages(weights)
             return
         if len(quantized) == len(weights):
             fused: Weight = QuantizedWeight.stack(quantized)
@@ -216,6 +218,7 @@ class PagedLlama:
             dtype = dtypes.pop() if len(dtypes) == 1 else self.dtype  # 16-bit parts of one dtype stay so
             fused = torch.cat([dense(w).to(device=self.device, dtype=dtype or self.dtype) for w in weights])
         self.linears[key] = LinearWeight(fused, self.invariant, self.dtype, activations)
+        _release_file_pages(weights)
 
     @property
     def weight_bytes(self) -> int:
@@ -474,3 +477,12 @@ class PagedLlama:
                 out = self._norm(out, lw.mlp_output_norm)
             x = x + out
         return x
+
+
+def _release_file_pages(weights: list[Weight]) -> None:
+    """Let go of the model file's pages under ``weights`` once a linear holds them repacked (a no-op for
+    weights that are not views of a mapped file: engine/loader/mapped.py), so a load holds the packed
+    weights plus one tensor's file pages, not two copies."""
+    for w in weights:
+        raw = w.blocks if isinstance(w, QuantizedWeight) else w
+        release_pages(raw.data_ptr(), raw.nbytes)

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.config import ModelConfig, RopeScaling
 from engine.layers.rmsnorm import rms_norm
 from engine.layers.rope import inverse_frequencies
+from engine.model_config import ModelConfig, RopeScaling
 from engine.models.decoder_layer import LINEAR_PARTS, QKV_BIAS, QKV_BIAS_PARTS, decoder_layers
 
 Parts = tuple[torch.Tensor, ...]  # a linear as the checkpoint holds it: its weights, unfused

@@ -23,8 +23,8 @@ from engine.errors import InvalidRequestError
 from engine.mux.model_spec import ModelSpec
 
 if TYPE_CHECKING:
-    from engine.config import ModelConfig
     from engine.loader import ModelSource
+    from engine.model_config import ModelConfig
 
 
 @dataclass(frozen=True)

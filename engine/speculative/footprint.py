@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from engine.config import ModelConfig
 from engine.errors import InvalidRequestError
+from engine.model_config import ModelConfig
 from engine.speculative.draft import SELF_DRAFT
 
 

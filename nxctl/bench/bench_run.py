@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 
-from engine.config import EngineConfig, ModelConfig, dtype_name, parse_dtype, resolve_device
+from engine.config import EngineConfig, parse_dtype, resolve_device
 from engine.errors import InvalidRequestError
 from engine.loader import ChatTokenizer, LoadedModel, load_model, load_tokenizer, resolve_model
+from engine.model_config import ModelConfig
 from engine.models.held_weights import held_kv_dtype, holds_quantized, streamed_weight_bytes
 from engine.workload import WorkloadRequest, dataset_workload, make_workload
 from nxctl.bench import agreement
@@ -325,8 +326,8 @@ def _holds_quantized(ctx: _Context) -> bool:
 def _kv_cache_dtype(ctx: _Context) -> str:
     """The dtype our schedules' KV pools hold."""
     opts = ctx.opts
-    return dtype_name(
-        held_kv_dtype(ctx.loaded.config, opts.engine.dtype, opts.engine.quantize, opts.engine.kv_cache_dtype)
+    return held_kv_dtype(
+        ctx.loaded.config, opts.engine.dtype, opts.engine.quantize, opts.engine.kv_cache_dtype
     )
 
 

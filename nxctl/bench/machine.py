@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.config import ModelConfig
+from engine.model_config import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from rich.table import Table
 
 from gates.framework import GateResult, run_gate
 from gates.gate_list import UnknownGateError, all_gates, select
-from gates.invariance_gate import SEED_ENV, gate_seed
 from gates.matrix import UnknownCellError, run_matrix, select_cells
+from gates.seed import SEED_ENV, gate_seed
 from nxctl.commands.common import fail
 
 

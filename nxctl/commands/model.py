@@ -9,9 +9,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from engine.config import ModelConfig, dtype_name
 from engine.errors import NxError
 from engine.loader import NAMED_MODELS, ModelSource, hf_cache, load_config, ollama_store, resolve_model
+from engine.model_config import ModelConfig, dtype_name
 from engine.models.held_weights import held_kv_dtype, held_weight_bytes
 from engine.settings import DTYPE_HELP, DTYPE_NAMES, QUANTIZE_HELP, QUANTIZE_MODES, check_choice
 from nxctl.commands.common import fail

@@ -7,18 +7,20 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from engine.drive import Arrival, drive
 from engine.errors import NxError
-from engine.llm import LLM
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.structured import Grammar
 from nxctl.commands.common import fail
 from nxctl.commands.engine_options import EngineFlags, with_engine_options
+
+if TYPE_CHECKING:
+    from engine.llm import LLM
 
 
 def stream_turn(
@@ -112,6 +114,8 @@ def run(
         if grammar is not None:
             chosen["grammar"] = grammar
         dataclasses.replace(SamplingParams(), **{**RUN_DEFAULTS, **chosen})  # bad values fail before loading
+        from engine.llm import LLM  # noqa: PLC0415 - torch loads when a model runs, not for every nxctl command
+
         llm = LLM(model, **engine.settings.as_fields())
         if grammar is not None:
             llm.engine.grammars.compile(grammar)  # a grammar that does not compile: one line, no output

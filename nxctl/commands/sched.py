@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -15,13 +15,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from engine.errors import InvalidRequestError, NxError
 from engine.workload import LengthRange, WorkloadSpec, parse_weights
-from nxctl.bench.bench_run import BenchResult, run_bench
 from nxctl.bench.options import IN_PROCESS_OPTIONS, SCHEDULES, BenchOptions
-from nxctl.bench.report import footer, table, title
-from nxctl.bench.schedules import Advance
-from nxctl.bench.summary import write_json
 from nxctl.commands.common import fail
 from nxctl.commands.engine_options import EngineFlags, given_on_command_line, with_engine_options
+
+if TYPE_CHECKING:
+    from nxctl.bench.bench_run import BenchResult
+    from nxctl.bench.schedules import Advance
 
 app = typer.Typer(help="The scheduler measured: throughput and latency against simpler schedules and a peer.")
 
@@ -52,6 +52,8 @@ def parse_peers(values: list[str] | None) -> tuple[str, ...]:
 def run_with_progress(opts: BenchOptions, console: Console) -> BenchResult:
     """run_bench with a rich progress bar (one task per schedule run) on ``console`` when it is a terminal,
     and one line per finished phase and schedule run (with its wall time) on it in any case."""
+    from nxctl.bench.bench_run import run_bench  # noqa: PLC0415 - torch loads when a bench runs, not for every command
+
     columns = (TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, disable=not console.is_terminal) as progress:
 
@@ -178,6 +180,14 @@ def bench(
         result = run_with_progress(opts, Console(stderr=True))
     except NxError as exc:
         fail(str(exc))
+    print_result(result, json_path)
+
+
+def print_result(result: BenchResult, json_path: Path | None) -> None:
+    """The bench's table and footer on stdout; its JSON written to ``json_path`` when given."""
+    from nxctl.bench.report import footer, table, title  # noqa: PLC0415 - with the bench (torch)
+    from nxctl.bench.summary import write_json  # noqa: PLC0415
+
     out = Console(width=None if Console().is_terminal else 160)
     out.print(title(result), highlight=False)
     out.print(table(result))

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from engine.testing import fail_requests
 from nxctl.server.dlq import DeadLetterStore
-from nxctl.server.host import SeatModel
+
+if TYPE_CHECKING:  # the seat's settings read this module: no torch for `nxctl` commands that plan or list
+    from nxctl.server.host import SeatModel
 
 SEAT_FAULTS = ("drop-dead-letters",)
 FAIL_REQUEST = "fail-request:"

@@ -13,8 +13,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from engine.config import ModelConfig
 from engine.loader import ModelSource, gguf_file, load_config, resolve_model
+from engine.model_config import ModelConfig
 from engine.mux.registry import ModelSpec
 
 _FLOAT_LEVELS = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}

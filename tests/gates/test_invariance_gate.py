@@ -9,7 +9,8 @@ import pytest
 
 from gates import matrix
 from gates.framework import read_tsv, run_gate_and_blinded
-from gates.invariance_gate import ENGINE_CASES, GATE, gate_seed
+from gates.invariance_gate import ENGINE_CASES, GATE
+from gates.seed import gate_seed
 
 NEGATIVES = ("invariance.neg.batch_dependent_matmul", "invariance.neg.batch_dependent_norm")
 

@@ -17,9 +17,9 @@ from typing import Any
 
 from safetensors.torch import save_file
 
-from engine.config import ModelConfig
 from engine.loader import LoadedModel, ModelSource
 from engine.loader.tokenizer import ChatTokenizer
+from engine.model_config import ModelConfig
 
 
 def hf_config(config: ModelConfig) -> dict[str, Any]:

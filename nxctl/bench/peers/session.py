@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import gguf
 import torch
 
 from engine.loader import LoadedModel
+from engine.loader.gguf_header import GGUFHeader
 from engine.workload import WorkloadRequest
 from nxctl.bench.machine import forward_weight_bytes
 from nxctl.bench.peers.driver import run_driver
@@ -51,7 +51,7 @@ def not_installed_line(name: str) -> str:
 def gguf_tensor_bytes(path: Path) -> int:
     """Bytes of every tensor in a GGUF file: what one llama.cpp forward streams (the embedding is read
     whole as the tied LM head, as in nxctl/bench/machine.py's forward_weight_bytes)."""
-    return sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors)
+    return sum(int(t.n_bytes) for t in GGUFHeader(path).tensors)
 
 
 @dataclass

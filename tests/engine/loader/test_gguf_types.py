@@ -12,14 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from engine.config import ModelConfig
 from engine.errors import ModelFileError, UnsupportedModelError
 from engine.kernels.quant_pack import pack_quantized, unpack_quantized
 from engine.layers.linear import LinearWeight
 from engine.layers.segmented_linear import SegmentedLinear
 from engine.llm import LLM
 from engine.loader import load_config, load_model
-from engine.loader.gguf_file import _hf_name, _unpermute, gguf_weights, open_reader
+from engine.loader.gguf_file import hf_name, open_reader
+from engine.loader.gguf_weights import _unpermute, gguf_weights
+from engine.model_config import ModelConfig
 from engine.models.held_weights import held_weight_bytes
 from engine.quantized import QuantizedWeight, dense
 from engine.sampling_params import SamplingParams
@@ -40,9 +41,9 @@ def ggufs_tensors(path: Path, config: ModelConfig) -> Iterator[tuple[str, tuple[
     Llama-architecture file: the reference every loaded weight is checked against."""
     heads = {"q_proj": config.num_heads, "k_proj": config.num_kv_heads}
     for tensor in open_reader(path).tensors:
-        name = _hf_name(tensor.name, "llama")
+        name = hf_name(tensor.name, "llama")
         assert name is not None
-        shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+        shape = tuple(reversed(tensor.shape))
         expected = torch.from_numpy(
             np.array(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
         ).reshape(shape)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import gguf
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.loader.gguf_header import GGUFHeader
 from engine.loader.gguf_spm import SPACE, spm_specials, spm_tokenizer
 
 FAMILIES = Path(__file__).resolve().parents[3] / "fixtures" / "families"
@@ -56,7 +56,7 @@ def family(request):
     """(name, ours, spm_specials, transformers' from the GGUF, the folder's)."""
     transformers = pytest.importorskip("transformers", reason="the reference tokenizers are transformers'")
     name = request.param
-    reader = gguf.GGUFReader(str(FAMILIES / f"{name}.gguf"))
+    reader = GGUFHeader(FAMILIES / f"{name}.gguf")
     from_file = transformers.AutoTokenizer.from_pretrained(str(FAMILIES), gguf_file=f"{name}.gguf")
     folder = transformers.AutoTokenizer.from_pretrained(str(FAMILIES / name))
     return name, spm_tokenizer(reader), spm_specials(reader), from_file, folder
@@ -109,7 +109,7 @@ def test_the_family_s_prefix_space_bos_eos_and_stops():
         "phi3": (True, "<s>", "<|endoftext|>", (500, 507)),
     }
     for name, (prefix, bos, eos, stops) in expected.items():
-        reader = gguf.GGUFReader(str(FAMILIES / f"{name}.gguf"))
+        reader = GGUFHeader(FAMILIES / f"{name}.gguf")
         specials, tokens = spm_specials(reader), spm_tokenizer(reader).encode("hi there").tokens
         assert tokens[0].startswith(SPACE) == prefix, (name, tokens)
         assert (specials.bos, specials.eos, specials.stop_ids) == (bos, eos, stops)
@@ -118,4 +118,4 @@ def test_the_family_s_prefix_space_bos_eos_and_stops():
 
 def test_a_byte_level_vocabulary_is_refused():
     with pytest.raises(ValueError, match="not a SentencePiece"):
-        spm_tokenizer(gguf.GGUFReader(str(FAMILIES / "qwen2.gguf")))
+        spm_tokenizer(GGUFHeader(FAMILIES / "qwen2.gguf"))
