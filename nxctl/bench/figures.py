@@ -80,6 +80,14 @@ MEMORY = (
     "weights_held_mb",
     "model_file_mb",
     "added_beyond_kv_over_file",
+    "load_s",
+    "rss_load_peak_mb",
+    "largest_tensor_mb",
+    "memory_rule_mb",
+    "rss_after_load_within_rule",
+    "load_peak_within_rule",
+    "planned_mb",
+    "planned_over_measured",
 )
 
 

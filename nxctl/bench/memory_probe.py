@@ -1,4 +1,5 @@
-"""What a model costs in memory, measured in a fresh process: RSS after import, after load, after a first request.
+"""What a model costs in memory and load time, measured in a fresh process: RSS after import, after load
+(and its peak during the load), after a first request; the wall time of ``LLM(model)``.
 
     python -m nxctl.bench.memory_probe MODEL DTYPE QUANTIZE NUM_KV_BLOCKS KV_CACHE_DTYPE   ->   one JSON line
 
@@ -7,6 +8,12 @@ and loaded our kernels (the runtime's own start-up is not the model's). The mode
 loading it and serving a first request add on top; the KV pool is allocated up front at load, so
 ``added - kv_bytes`` is what the weights, tokenizer and runtime buffers take. The bench compares it
 with the size of the model's file(s).
+
+The memory rule a user can predict: RSS after load (the whole process, mapped file pages counted) at
+most file + KV pool + 400 MB, and the load's peak at most that plus the file's largest tensor (as
+loaded: a GGUF's blocks, a folder's tensors widened to float32). ``planned_bytes`` is what `nxctl mux
+plan` and the residency pool count for the same settings (weights, KV pool, activation allowance),
+set beside what load and a first request added.
 """
 
 from __future__ import annotations
@@ -14,8 +21,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
+
+RULE_SLACK_BYTES = 400_000_000  # the memory rule's allowance beyond file and KV pool (torch alone ~280 MB)
 
 
 @dataclass(frozen=True)
@@ -28,6 +38,15 @@ class MemoryFigures:
     kv_bytes: int
     weight_bytes: int
     file_bytes: int
+    load_s: float = 0.0
+    rss_load_peak: int = 0
+    largest_tensor_bytes: int = 0
+    planned_bytes: int = 0
+
+    @property
+    def memory_rule(self) -> int:
+        """The most RSS after load the rule allows: file + KV pool + 400 MB."""
+        return self.file_bytes + self.kv_bytes + RULE_SLACK_BYTES
 
     @property
     def added(self) -> int:
@@ -49,6 +68,16 @@ class MemoryFigures:
             "weights_held_mb": self.weight_bytes / 1e6,
             "model_file_mb": self.file_bytes / 1e6,
             "added_beyond_kv_over_file": round(self.added_beyond_kv_over_file, 3),
+            "load_s": round(self.load_s, 3),
+            "rss_load_peak_mb": self.rss_load_peak / 1e6,
+            "largest_tensor_mb": self.largest_tensor_bytes / 1e6,
+            "memory_rule_mb": self.memory_rule / 1e6,
+            "rss_after_load_within_rule": float(self.rss_after_load <= self.memory_rule),
+            "load_peak_within_rule": float(
+                self.rss_load_peak <= self.memory_rule + self.largest_tensor_bytes
+            ),
+            "planned_mb": self.planned_bytes / 1e6,
+            "planned_over_measured": round(self.planned_bytes / max(self.added, 1), 3),
         }
 
 
@@ -56,6 +85,37 @@ def _file_bytes(path: Path) -> int:
     if path.is_dir():
         return sum(f.stat().st_size for f in path.glob("*.safetensors"))
     return path.stat().st_size
+
+
+def largest_tensor_bytes(path: Path) -> int:
+    """The largest tensor of a model's file(s) as the load holds it: a GGUF's own bytes (its blocks, read
+    in place), a folder's elements as float32 (its shards are widened at load)."""
+    if not path.is_dir():
+        from engine.loader.gguf_header import GGUFHeader
+
+        return max((t.n_bytes for t in GGUFHeader(path).tensors), default=0)
+    from engine.loader.safetensors_file import Shard
+
+    sizes = [4 * _elements(e["shape"]) for f in path.glob("*.safetensors") for e in Shard(f).entries.values()]
+    return max(sizes, default=0)
+
+
+def _elements(shape: list[int]) -> int:
+    count = 1
+    for d in shape:
+        count *= int(d)
+    return count
+
+
+def _peak_rss_bytes() -> int:
+    """The process's peak RSS so far (VmHWM); 0 where /proc does not say."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def probe(
@@ -71,17 +131,42 @@ def probe(
 
     kernels.backend()
     torch.ones(8) @ torch.ones(8)  # the runtime's first operation
+    from engine.mux.footprint import footprint_of
+    from engine.mux.model_spec import DEFAULT_ACTIVATION_MB, MB
+
     reclaim()
     before = rss_bytes()
+    started = time.perf_counter()
     llm = LLM(
         model, dtype=dtype, quantize=quantize, num_kv_blocks=num_kv_blocks, kv_cache_dtype=kv_cache_dtype
     )
-    loaded = rss_bytes()
+    load_s = time.perf_counter() - started
+    loaded, peak = rss_bytes(), _peak_rss_bytes()
     llm.generate(["Say hello."], SamplingParams(max_tokens=8))
     after = rss_bytes()
     snap = llm.engine.snapshot()
+    block_size = llm.engine.config.block_size
+    plan = footprint_of(
+        model,
+        dtype,
+        num_kv_blocks,
+        block_size,
+        int(DEFAULT_ACTIVATION_MB * MB),
+        quantize=quantize,
+        kv_cache_dtype=kv_cache_dtype,
+    )
+    path = llm.source.path
     return MemoryFigures(
-        before, loaded, after, snap.kv_bytes, snap.weight_bytes, _file_bytes(llm.source.path)
+        before,
+        loaded,
+        after,
+        snap.kv_bytes,
+        snap.weight_bytes,
+        _file_bytes(path),
+        load_s,
+        peak,
+        largest_tensor_bytes(path),
+        plan.total_bytes,
     )
 
 

@@ -168,6 +168,13 @@ def footer(result: BenchResult) -> list[str]:
             f"{memory['kv_pool_mb']:.0f} MB, weights held {memory['weights_held_mb']:.0f} MB; (added - KV) / "
             f"model file ({memory['model_file_mb']:.0f} MB) = {memory['added_beyond_kv_over_file']:.2f}"
         )
+        lines.append(
+            f"load: LLM() {memory['load_s']:.2f} s; RSS after load {memory['rss_after_load_mb']:.0f} MB, peak "
+            f"{memory['rss_load_peak_mb']:.0f} MB (rule: file + KV pool + 400 MB = {memory['memory_rule_mb']:.0f}, "
+            f"peak + largest tensor {memory['largest_tensor_mb']:.0f}: "
+            f"{'within' if memory['rss_after_load_within_rule'] and memory['load_peak_within_rule'] else 'OVER'}); "
+            f"planned (mux) {memory['planned_mb']:.0f} MB = {memory['planned_over_measured']:.3f} x measured"
+        )
     if result.peak_gflops:
         peaks = ", ".join(f"{k} {v:.0f}" for k, v in result.peak_gflops.items())
         lines.append(

@@ -22,6 +22,13 @@ def test_the_probe_measures_load_and_first_request_in_its_own_process():
     assert data["added_beyond_kv_over_file"] == round(
         (figures.added - figures.kv_bytes) / figures.file_bytes, 3
     )
+    assert figures.load_s > 0 and figures.rss_load_peak >= figures.rss_after_load
+    assert 0 < figures.largest_tensor_bytes < figures.file_bytes
+    assert figures.memory_rule == figures.file_bytes + figures.kv_bytes + 400_000_000
+    assert data["rss_after_load_within_rule"] == float(figures.rss_after_load <= figures.memory_rule)
+    # what mux plan counts for these settings: the engine's own weights and KV pool, plus the allowance
+    assert figures.planned_bytes == figures.weight_bytes + figures.kv_bytes + 64 * 2**20
+    assert data["planned_over_measured"] == round(figures.planned_bytes / figures.added, 3)
 
 
 def test_teacher_forced_agreement_of_the_engine_with_a_path(tiny_loaded: LoadedModel):
