@@ -549,7 +549,9 @@ def _pack(weight: QuantizedWeight) -> tuple[int, torch.Tensor]:
     d16 = _f16(raw[..., 0:2])  # [N, nb] float16
     if weight.qtype in ("Q5_0", "Q5_1"):  # the fifth bits: bit j of a little-endian uint32 is element j's
         at = 2 if weight.qtype == "Q5_0" else 4
-        qh = raw[..., at : at + 4].contiguous().view(torch.int32).long() & 0xFFFFFFFF  # [N, nb, 1]
+        # a fresh copy: one row of one block is already "contiguous" at offset 2, which no int32 view takes
+        fifth = raw[..., at : at + 4].clone(memory_format=torch.contiguous_format)  # [N, nb, 4]
+        qh = fifth.view(torch.int32).long() & 0xFFFFFFFF  # [N, nb, 1]
         values = values | (((qh >> torch.arange(BLOCK)) & 0x01).to(torch.uint8) << 4)
         m16 = None if weight.qtype == "Q5_0" else _f16(raw[..., 2:4])
         return FORMAT_OF[weight.qtype], _nibble_tiles(d16, m16, values, panels, fifth=True)
