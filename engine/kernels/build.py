@@ -28,6 +28,7 @@ from types import ModuleType
 SOURCES = (
     "bindings.cpp",
     "decoder.cpp",
+    "repack.cpp",
     "isa_generic.cpp",
     "isa_avx2.cpp",
     "isa_avx2_quantize.cpp",

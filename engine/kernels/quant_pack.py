@@ -34,6 +34,10 @@ nibbles of chunk j, quad j + 4 in the high ones; Q8S: its low plane as Q4's, its
 of 16 columns x 4 bytes, quad 4h + t's 2-bit values at bits 2t of chunk h; Q5S: its low plane as Q4's,
 its bit plane as 16 columns x 4 bytes, quad j's bits at bit j). Same bytes, same scales. The format says which
 inputs meet it: format + DOT int8 activations, format + WIDE (the same layout) int16 ones.
+
+Packing runs at load, once per weight: in C++ (csrc/repack.h, one pass per panel from the GGUF blocks,
+which it only reads) wherever the compiled kernels load, else in torch (pack_quantized_reference, pass by
+pass: the definition of the bytes, which the tests hold the C++ packer to).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import gguf
 import numpy as np
 import torch
 
+from engine import kernels
 from engine.quant_layout import (  # noqa: F401 - the layout's sizes, named here as the packers use them
     BLOCK,
     DOT,
@@ -514,9 +519,29 @@ _FROM_DOT = {
 _VALUES = {"int8": _int8_values, "nibble": _nibble_values, "two": _two_bit_values, "bit": _bit_values}
 
 
-def pack_quantized(weight: QuantizedWeight, activations: str = "float") -> tuple[int, torch.Tensor]:
+def pack_quantized(
+    weight: QuantizedWeight, activations: str = "float", order: torch.Tensor | None = None
+) -> tuple[int, torch.Tensor]:
     """(format, packed [P, K / 32, tile bytes] uint8) of a quantized [N, K] weight for its inputs'
-    ``activations`` ("float"; "int8" or "int16": the dot layout, format + DOT or + WIDE)."""
+    ``activations`` ("float"; "int8" or "int16": the dot layout, format + DOT or + WIDE). With ``order``
+    [N'] long, packed row r is the weight's row order[r]: ``weight.take_rows(order)`` packed, its blocks
+    not copied. One C++ pass (csrc/repack.h) when the compiled kernels are loaded, the bytes of
+    ``pack_quantized_reference`` (the torch packer, used where they are not)."""
+    module = kernels.backend().module
+    if module is None:
+        return pack_quantized_reference(weight, activations, order)
+    fmt = FORMAT_OF[weight.qtype] + ACTIVATION_OFFSET[activations]
+    rows = None if order is None else order.long()
+    n = weight.shape[0] if rows is None else int(rows.numel())
+    return fmt, module.repack_quantized(weight.blocks, n, weight.shape[1], fmt, rows)
+
+
+def pack_quantized_reference(
+    weight: QuantizedWeight, activations: str = "float", order: torch.Tensor | None = None
+) -> tuple[int, torch.Tensor]:
+    """``pack_quantized`` in torch, pass by pass: the portable packer and the compiled one's reference."""
+    if order is not None:
+        weight = weight.take_rows(order)
     fmt, packed = _pack(weight)
     offset = ACTIVATION_OFFSET[activations]
     return (fmt + offset, to_dot_layout(packed, fmt).contiguous()) if offset else (fmt, packed)

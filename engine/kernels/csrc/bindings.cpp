@@ -2,11 +2,13 @@
 // (over outputs only), and the table of the backend each call names (ops.h table_for).
 #include <torch/extension.h>
 
+#include <optional>
 #include <utility>
 
 #include "decoder.h"
 #include "ops.h"
 #include "quantized_rows.h"
+#include "repack.h"
 
 namespace {
 
@@ -83,6 +85,38 @@ torch::Tensor quantized_rows(const std::string&, const torch::Tensor& packed, in
   const uint8_t* data = packed.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
   at::parallel_for(0, rows, 64, [&](int64_t b, int64_t e) { nxk::quantized_rows(data, format, k, id, o, b, e); });
+  return out;
+}
+
+// blocks [rows, K / E, B] uint8, GGUF blocks of the type ``format``'s base format holds (repack.h), read only;
+// order [N] int64 (packed row r takes blocks row order[r]) or None (N = rows) -> packed [P, K / E, group bytes]
+// uint8 in ``format``: quant_pack.py's layout, byte for byte
+torch::Tensor repack_quantized(const torch::Tensor& blocks, int64_t n, int64_t k, int64_t format,
+                               const std::optional<torch::Tensor>& order) {
+  TORCH_CHECK(format >= 0 && format < nxk::kFormats, "unknown quantized format ", format);
+  const int64_t elements = nxk::kQBlock * nxk::group_blocks(format), bytes = nxk::gguf_block_bytes(format);
+  TORCH_CHECK(blocks.device().is_cpu() && blocks.scalar_type() == torch::kUInt8 && blocks.dim() == 3 && k % elements == 0 &&
+                  blocks.size(1) == k / elements && blocks.size(2) == bytes,
+              "blocks must be [rows, K / ", elements, ", ", bytes, "] uint8 on the CPU for format ", format);
+  TORCH_CHECK(n >= 0, "N must not be negative");
+  // each row's blocks contiguous (a map of a file already is: no copy); rows at any stride
+  const torch::Tensor rows = blocks.stride(2) == 1 && blocks.stride(1) == bytes ? blocks : blocks.contiguous();
+  const int64_t* index = nullptr;
+  torch::Tensor held;
+  if (order.has_value()) {
+    held = order->contiguous();
+    TORCH_CHECK(held.device().is_cpu() && held.dim() == 1 && held.scalar_type() == torch::kLong && held.size(0) == n,
+                "order must be [N] int64 on the CPU");
+    index = held.data_ptr<int64_t>();
+    for (int64_t r = 0; r < n; ++r)
+      TORCH_CHECK(index[r] >= 0 && index[r] < rows.size(0), "order row ", index[r], " outside the blocks' ", rows.size(0));
+  } else {
+    TORCH_CHECK(rows.size(0) == n, "blocks hold ", rows.size(0), " rows, not N=", n);
+  }
+  const int64_t panels = (n + nxk::kPanel - 1) / nxk::kPanel;
+  auto out = torch::empty({panels, k / elements, nxk::group_bytes(format)}, torch::kUInt8);
+  const nxk::RepackArgs a{rows.const_data_ptr<uint8_t>(), rows.stride(0), index, n, k, format, out.data_ptr<uint8_t>()};
+  at::parallel_for(0, panels, 4, [&](int64_t b, int64_t e) { nxk::repack_panels(a, b, e); });
   return out;
 }
 
@@ -261,6 +295,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "y = x @ W^T over a packed [P, K, 16] weight, float32 out");
   m.def("qlinear", &qlinear, "y = x @ W^T over a packed quantized weight (quantized.h), float32 out");
   m.def("quantized_rows", &quantized_rows, "rows of a packed quantized weight as float32 (an embedding lookup)");
+  m.def("repack_quantized", &repack_quantized, "GGUF blocks as a packed quantized weight (repack.h), rows in order",
+        py::arg("blocks"), py::arg("n"), py::arg("k"), py::arg("format"), py::arg("order") = py::none());
   m.def("rms_norm", &rms_norm, "x / rms(x) per row, float32 out");
   m.def("softmax", &softmax, "softmax or log-softmax per row");
   m.def("row_stats", &row_stats, "each row's argmax and the max and log-sum of its log-softmax");
