@@ -83,8 +83,7 @@ def _rss_file_kb() -> int:
 def test_pages_are_let_go_inside_the_mapping_only(tmp_path: Path) -> None:
     path = tmp_path / "blob.bin"
     path.write_bytes(np.random.default_rng(0).integers(0, 256, 64 << 20, dtype=np.uint8).tobytes())
-    mapped = MappedFile(path)
-    view = torch.from_numpy(mapped.bytes)
+    view = torch.from_numpy(MappedFile(path).bytes)  # the MappedFile goes; its view keeps the mapping
     before = _rss_file_kb()
     checksum = int(view.sum())  # every page read: resident
     assert _rss_file_kb() - before > 48 << 10
@@ -94,3 +93,6 @@ def test_pages_are_let_go_inside_the_mapping_only(tmp_path: Path) -> None:
     elsewhere = torch.ones(1 << 20, dtype=torch.uint8)
     assert not release_pages(elsewhere.data_ptr(), elsewhere.nbytes)  # not a mapping's: untouched
     assert int(elsewhere.sum()) == 1 << 20
+    address, nbytes = view.data_ptr(), view.nbytes
+    del view  # the last view: the mapping is gone, and so is its entry
+    assert not release_pages(address, nbytes)
