@@ -191,6 +191,12 @@ class Engine:
             kv_bytes=self._kv.bytes,
         )
 
+    def fault_in_kv_pool(self) -> None:
+        """Make the whole KV pool resident now (contents unchanged). On the CPU the pool's pages join the
+        process as requests first write them (engine/kv/cache.py); a caller that wants the full cost up
+        front, as the bench's memory probe measures it, calls this."""
+        self._kv.fault_in()
+
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix block (mutates; blocks in use stay with their requests)."""
         self._pool.reset_prefix_cache()

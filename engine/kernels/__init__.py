@@ -79,14 +79,23 @@ def compiled_isas() -> tuple[str, ...]:
     return tuple(name for name in choice.runnable(b.module.cpu_features()) if name in below)
 
 
-def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
-    """[N, K] -> [P, K, 16] with P = ceil(N / 16): 16 output columns side by side per k, zero-padded.
+def pack_linear_weight(weight: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
+    """[N, K] (or parts [N_i, K] whose rows stack, a fused weight) -> [P, K, 16] with P = ceil(N / 16): 16
+    output columns side by side per k, zero-padded. One C++ pass over the parts where they are (a file's
+    mapping) when the kernels are compiled; torch's copies otherwise, the same values.
 
     bfloat16 and float16 stay 16-bit (half the bytes to stream; the kernels widen them in registers,
-    exactly); any other dtype is packed as float32.
+    exactly); any other dtype is packed as float32. Parts of different dtypes are packed as float32.
     """
+    parts = weight if isinstance(weight, list) else [weight]
+    dtypes = {p.dtype for p in parts}
+    dtype = dtypes.pop() if len(dtypes) == 1 and parts[0].dtype in HALF_DTYPES else torch.float32
+    parts = [p.to(dtype) for p in parts]  # no copy where a part is in its dtype already
+    module = backend().module
+    if module is not None:
+        return module.pack_panels(parts)
+    weight = parts[0] if len(parts) == 1 else torch.cat(parts)
     n, k = weight.shape
-    dtype = weight.dtype if weight.dtype in HALF_DTYPES else torch.float32
     panels = -(-n // PANEL)
     padded = torch.zeros(panels * PANEL, k, dtype=dtype)
     padded[:n] = weight.to(dtype)

@@ -42,7 +42,7 @@ pass: the definition of the bytes, which the tests hold the C++ packer to).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import gguf
 import numpy as np
@@ -527,13 +527,24 @@ def pack_quantized(
     [N'] long, packed row r is the weight's row order[r]: ``weight.take_rows(order)`` packed, its blocks
     not copied. One C++ pass (csrc/repack.h) when the compiled kernels are loaded, the bytes of
     ``pack_quantized_reference`` (the torch packer, used where they are not)."""
+    return pack_stacked([weight], activations, order)
+
+
+def pack_stacked(
+    parts: Sequence[QuantizedWeight], activations: str = "float", order: torch.Tensor | None = None
+) -> tuple[int, torch.Tensor]:
+    """``pack_quantized`` of the parts' rows one after another (``QuantizedWeight.stack(parts)``: a fused
+    q|k|v or gate|up), their blocks read where they are (a file's mapping), never stacked in memory."""
+    if not parts or any(p.qtype != parts[0].qtype or p.shape[1] != parts[0].shape[1] for p in parts):
+        raise ValueError("only weights of one quantized type and input width stack")
     module = kernels.backend().module
     if module is None:
-        return pack_quantized_reference(weight, activations, order)
-    fmt = FORMAT_OF[weight.qtype] + ACTIVATION_OFFSET[activations]
+        whole = parts[0] if len(parts) == 1 else QuantizedWeight.stack(list(parts))
+        return pack_quantized_reference(whole, activations, order)
+    fmt = FORMAT_OF[parts[0].qtype] + ACTIVATION_OFFSET[activations]
     rows = None if order is None else order.long()
-    n = weight.shape[0] if rows is None else int(rows.numel())
-    return fmt, module.repack_quantized(weight.blocks, n, weight.shape[1], fmt, rows)
+    n = sum(p.shape[0] for p in parts) if rows is None else int(rows.numel())
+    return fmt, module.repack_quantized([p.blocks for p in parts], n, parts[0].shape[1], fmt, rows)
 
 
 def pack_quantized_reference(

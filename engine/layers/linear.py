@@ -30,11 +30,13 @@ Outputs are contiguous [M, N] in the weight's dtype.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 
 from engine import kernels
-from engine.kernels.quant_pack import DOT, PANEL, pack_quantized, unpack_quantized
+from engine.kernels.quant_pack import DOT, PANEL, pack_stacked, unpack_quantized
 from engine.quantized import QuantizedWeight
 
 CHUNK_COLUMNS = 16
@@ -65,31 +67,41 @@ class LinearWeight:
 
     def __init__(
         self,
-        weight: torch.Tensor | QuantizedWeight,
+        weight: torch.Tensor | QuantizedWeight | list[torch.Tensor] | list[QuantizedWeight],
         invariant: bool,
         dtype: torch.dtype | None = None,
         activations: str = "float",
     ):
+        """``weight``: one [N, K] weight, or parts [N_i, K] whose rows stack into it (a fused q|k|v or
+        gate|up: all quantized of one type, or all float), read where they are, never stacked in memory
+        first (the packers take the parts)."""
+        parts = cast(
+            "list[torch.Tensor] | list[QuantizedWeight]", weight if isinstance(weight, list) else [weight]
+        )
+        first = parts[0]
         self.invariant = invariant
         # a quantized weight: "int8"/"int16" quantize its inputs too (qdot.h); "mixed": int16, context rows int8
         self.activations = activations
-        self.dtype = dtype or (weight.dtype if isinstance(weight, torch.Tensor) else torch.float32)
-        self.out_features, self.in_features = weight.shape
+        self.dtype = dtype or (first.dtype if isinstance(first, torch.Tensor) else torch.float32)
+        self.out_features, self.in_features = sum(p.shape[0] for p in parts), first.shape[1]
         self.quantized: str | None = None  # the GGUF type when held quantized
         self.format = -1  # quant_pack format when quantized
         self.packed = False
-        self.data = self._prepare(weight)
+        self.data = self._prepare(parts)
 
-    def _prepare(self, weight: torch.Tensor | QuantizedWeight) -> torch.Tensor:
-        if isinstance(weight, QuantizedWeight):
-            self.quantized, self.packed = weight.qtype, False
-            self.format, packed = pack_quantized(weight, self.activations)
+    def _prepare(self, parts: list[torch.Tensor] | list[QuantizedWeight]) -> torch.Tensor:
+        if isinstance(parts[0], QuantizedWeight):
+            quantized = cast("list[QuantizedWeight]", parts)
+            self.quantized, self.packed = quantized[0].qtype, False
+            self.format, packed = pack_stacked(quantized, self.activations)
             return packed  # [P, K / 32, tile bytes] uint8
+        tensors = cast("list[torch.Tensor]", parts)
         self.quantized = None
-        self.packed = self.invariant and weight.device.type == "cpu"
+        self.packed = self.invariant and tensors[0].device.type == "cpu"
         if self.packed:
-            return kernels.pack_linear_weight(weight)  # [P, K, 16], a 16-bit weight kept 16-bit
-        return weight.to(self.dtype).contiguous()
+            return kernels.pack_linear_weight(tensors)  # [P, K, 16], a 16-bit weight kept 16-bit
+        whole = tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+        return whole.to(self.dtype).contiguous()
 
     @property
     def context_format(self) -> int:
@@ -155,4 +167,4 @@ class LinearWeight:
         """Swap in a new [N, K] weight (mutates), held as a float weight in ``dtype`` from now on."""
         if tuple(weight.shape) != (self.out_features, self.in_features):
             raise ValueError(f"weight shape {tuple(weight.shape)} != {(self.out_features, self.in_features)}")
-        self.data = self._prepare(weight.to(self.dtype))
+        self.data = self._prepare([weight.to(self.dtype)])

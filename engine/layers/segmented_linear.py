@@ -38,11 +38,9 @@ class SegmentedLinear(LinearWeight):
     def of_runs(
         parts: list[QuantizedWeight], invariant: bool, dtype: torch.dtype, activations: str
     ) -> SegmentedLinear:
-        """The segments of ``parts`` (in order): each run of consecutive parts of one type stacked."""
+        """The segments of ``parts`` (in order): each run of consecutive parts of one type, stacked."""
         runs = (list(run) for _, run in itertools.groupby(parts, key=lambda part: part.qtype))
-        return SegmentedLinear(
-            [LinearWeight(QuantizedWeight.stack(run), invariant, dtype, activations) for run in runs]
-        )
+        return SegmentedLinear([LinearWeight(run, invariant, dtype, activations) for run in runs])
 
     @property
     def context_format(self) -> int:

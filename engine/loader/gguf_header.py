@@ -26,6 +26,7 @@ from engine.errors import ModelFileError
 from engine.loader.mapped import MappedFile
 
 VT = gguf.GGUFValueType
+_LENGTH = struct.Struct("<Q")  # a string's byte count
 SCALARS = {
     VT.UINT8: "<B",
     VT.INT8: "<b",
@@ -139,7 +140,24 @@ class GGUFHeader:
             values = np.frombuffer(self._buf, dtype=dtype, count=count, offset=self._at)
             self._at += count * dtype.itemsize
             return values.tolist()
+        if kind == VT.STRING:
+            return self._strings(count)  # type: ignore[return-value]
         return [self._value(kind) for _ in range(count)]
+
+    def _strings(self, count: int) -> list[str]:
+        """An array of ``count`` strings (a vocabulary, its merges): one tight loop, the hot part of a header."""
+        buf, at, end = self._buf, self._at, len(self._buf)
+        out: list[str] = []
+        length_of, append = _LENGTH.unpack_from, out.append
+        for _ in range(count):
+            (length,) = length_of(buf, at)
+            at += 8
+            if at + length > end:
+                raise ValueError("a string runs past the end of the file")
+            append(str(buf[at : at + length], "utf-8"))
+            at += length
+        self._at = at
+        return out
 
     def _tensor_info(self) -> tuple[str, tuple[int, ...], gguf.GGMLQuantizationType, int]:
         name = self._string()

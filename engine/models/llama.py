@@ -211,12 +211,13 @@ class PagedLlama:
             self.linears[key] = SegmentedLinear.of_runs(quantized, self.invariant, self.dtype, activations)
             _release_file_pages(weights)
             return
-        if len(quantized) == len(weights):
-            fused: Weight = QuantizedWeight.stack(quantized)
-        else:  # float, or float and quantized parts: the fused weight is held as float
+        fused: list[QuantizedWeight] | list[torch.Tensor] = quantized  # the parts, stacked as they pack
+        if len(quantized) < len(
+            weights
+        ):  # float, or float and quantized parts: the fused weight is held as float
             dtypes = {w.dtype if isinstance(w, torch.Tensor) else None for w in weights}
             dtype = dtypes.pop() if len(dtypes) == 1 else self.dtype  # 16-bit parts of one dtype stay so
-            fused = torch.cat([dense(w).to(device=self.device, dtype=dtype or self.dtype) for w in weights])
+            fused = [dense(w).to(device=self.device, dtype=dtype or self.dtype) for w in weights]
         self.linears[key] = LinearWeight(fused, self.invariant, self.dtype, activations)
         _release_file_pages(weights)
 

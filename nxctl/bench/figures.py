@@ -75,6 +75,7 @@ MEMORY = (
     "rss_after_import_mb",
     "rss_after_load_mb",
     "rss_after_first_request_mb",
+    "rss_full_pool_mb",
     "added_mb",
     "kv_pool_mb",
     "weights_held_mb",

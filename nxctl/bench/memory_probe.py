@@ -1,12 +1,14 @@
 """What a model costs in memory and load time, measured in a fresh process: RSS after import, after load
-(and its peak during the load), after a first request; the wall time of ``LLM(model)``.
+(and its peak during the load), after a first request, and with its whole KV pool written; the wall
+time of ``LLM(model)``.
 
     python -m nxctl.bench.memory_probe MODEL DTYPE QUANTIZE NUM_KV_BLOCKS KV_CACHE_DTYPE   ->   one JSON line
 
 "After import" is taken once torch and the engine are imported and torch has run its first operation
 and loaded our kernels (the runtime's own start-up is not the model's). The model's cost is what
-loading it and serving a first request add on top; the KV pool is allocated up front at load, so
-``added - kv_bytes`` is what the weights, tokenizer and runtime buffers take. The bench compares it
+loading it, serving a first request and a full KV pool add on top (the pool is allocated at load, its
+pages resident as requests write them; the probe writes it all), so ``added - kv_bytes`` is what the
+weights, tokenizer and runtime buffers take. The bench compares it
 with the size of the model's file(s).
 
 The memory rule a user can predict: RSS after load (the whole process, mapped file pages counted) at
@@ -42,6 +44,7 @@ class MemoryFigures:
     rss_load_peak: int = 0
     largest_tensor_bytes: int = 0
     planned_bytes: int = 0
+    rss_full_pool: int = 0  # after the first request, with every page of the KV pool written
 
     @property
     def memory_rule(self) -> int:
@@ -50,8 +53,9 @@ class MemoryFigures:
 
     @property
     def added(self) -> int:
-        """What loading the model and a first request added to the process."""
-        return self.rss_after_first_request - self.rss_after_import
+        """What loading the model, a first request and a full KV pool added to the process (the pool's
+        pages join as requests write them: engine/kv/cache.py)."""
+        return max(self.rss_full_pool, self.rss_after_first_request) - self.rss_after_import
 
     @property
     def added_beyond_kv_over_file(self) -> float:
@@ -63,6 +67,7 @@ class MemoryFigures:
             "rss_after_import_mb": self.rss_after_import / 1e6,
             "rss_after_load_mb": self.rss_after_load / 1e6,
             "rss_after_first_request_mb": self.rss_after_first_request / 1e6,
+            "rss_full_pool_mb": self.rss_full_pool / 1e6,
             "added_mb": self.added / 1e6,
             "kv_pool_mb": self.kv_bytes / 1e6,
             "weights_held_mb": self.weight_bytes / 1e6,
@@ -144,6 +149,8 @@ def probe(
     loaded, peak = rss_bytes(), _peak_rss_bytes()
     llm.generate(["Say hello."], SamplingParams(max_tokens=8))
     after = rss_bytes()
+    llm.engine.fault_in_kv_pool()  # the pool as a busy seat holds it: every block written
+    full = rss_bytes()
     snap = llm.engine.snapshot()
     block_size = llm.engine.config.block_size
     plan = footprint_of(
@@ -167,6 +174,7 @@ def probe(
         peak,
         largest_tensor_bytes(path),
         plan.total_bytes,
+        full,
     )
 
 

@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "decoder.h"
 #include "ops.h"
@@ -88,35 +89,82 @@ torch::Tensor quantized_rows(const std::string&, const torch::Tensor& packed, in
   return out;
 }
 
-// blocks [rows, K / E, B] uint8, GGUF blocks of the type ``format``'s base format holds (repack.h), read only;
-// order [N] int64 (packed row r takes blocks row order[r]) or None (N = rows) -> packed [P, K / E, group bytes]
-// uint8 in ``format``: quant_pack.py's layout, byte for byte
-torch::Tensor repack_quantized(const torch::Tensor& blocks, int64_t n, int64_t k, int64_t format,
+// Each row's start in parts (tensors [rows_i, ...] whose rows are row_bytes contiguous bytes, stacked one after
+// another), in ``order`` (int64 [N], indices into the stacked rows) or as stacked (N = their rows)
+std::vector<const uint8_t*> stacked_rows(const std::vector<torch::Tensor>& parts, int64_t row_bytes,
+                                         const std::optional<torch::Tensor>& order, int64_t n) {
+  std::vector<const uint8_t*> all;
+  for (const auto& part : parts) {
+    TORCH_CHECK(part.device().is_cpu() && part.dim() >= 2 && part.size(0) >= 0, "parts must be CPU tensors of rows");
+    TORCH_CHECK(part.numel() == 0 || part[0].is_contiguous(), "each row of a part must be contiguous");
+    TORCH_CHECK(part.numel() == 0 || part[0].numel() * part.element_size() == row_bytes,
+                "every part's rows must be ", row_bytes, " bytes");
+    const auto* base = static_cast<const uint8_t*>(part.const_data_ptr());
+    for (int64_t r = 0; r < part.size(0); ++r) all.push_back(base + r * part.stride(0) * part.element_size());
+  }
+  if (!order.has_value()) {
+    TORCH_CHECK(static_cast<int64_t>(all.size()) == n, "the parts hold ", all.size(), " rows, not N=", n);
+    return all;
+  }
+  const torch::Tensor index = order->contiguous();
+  TORCH_CHECK(index.device().is_cpu() && index.dim() == 1 && index.scalar_type() == torch::kLong && index.size(0) == n,
+              "order must be [N] int64 on the CPU");
+  std::vector<const uint8_t*> rows(n);
+  const int64_t* at = index.data_ptr<int64_t>();
+  for (int64_t r = 0; r < n; ++r) {
+    TORCH_CHECK(at[r] >= 0 && at[r] < static_cast<int64_t>(all.size()), "order row ", at[r], " outside the parts' ",
+                all.size());
+    rows[r] = all[at[r]];
+  }
+  return rows;
+}
+
+// parts: blocks [rows_i, K / E, B] uint8, GGUF blocks of the type ``format``'s base format holds (repack.h),
+// read only, their rows stacked (a fused q|k|v or gate|up without a copy); order [N] int64 (packed row r takes
+// stacked row order[r]) or None -> packed [P, K / E, group bytes] uint8 in ``format``: quant_pack.py's layout,
+// byte for byte
+torch::Tensor repack_quantized(const std::vector<torch::Tensor>& parts, int64_t n, int64_t k, int64_t format,
                                const std::optional<torch::Tensor>& order) {
   TORCH_CHECK(format >= 0 && format < nxk::kFormats, "unknown quantized format ", format);
   const int64_t elements = nxk::kQBlock * nxk::group_blocks(format), bytes = nxk::gguf_block_bytes(format);
-  TORCH_CHECK(blocks.device().is_cpu() && blocks.scalar_type() == torch::kUInt8 && blocks.dim() == 3 && k % elements == 0 &&
-                  blocks.size(1) == k / elements && blocks.size(2) == bytes,
-              "blocks must be [rows, K / ", elements, ", ", bytes, "] uint8 on the CPU for format ", format);
-  TORCH_CHECK(n >= 0, "N must not be negative");
-  // each row's blocks contiguous (a map of a file already is: no copy); rows at any stride
-  const torch::Tensor rows = blocks.stride(2) == 1 && blocks.stride(1) == bytes ? blocks : blocks.contiguous();
-  const int64_t* index = nullptr;
-  torch::Tensor held;
-  if (order.has_value()) {
-    held = order->contiguous();
-    TORCH_CHECK(held.device().is_cpu() && held.dim() == 1 && held.scalar_type() == torch::kLong && held.size(0) == n,
-                "order must be [N] int64 on the CPU");
-    index = held.data_ptr<int64_t>();
-    for (int64_t r = 0; r < n; ++r)
-      TORCH_CHECK(index[r] >= 0 && index[r] < rows.size(0), "order row ", index[r], " outside the blocks' ", rows.size(0));
-  } else {
-    TORCH_CHECK(rows.size(0) == n, "blocks hold ", rows.size(0), " rows, not N=", n);
+  TORCH_CHECK(n >= 0 && k % elements == 0, "N must not be negative and K a multiple of ", elements);
+  std::vector<torch::Tensor> held;  // each part with its rows' blocks contiguous (a map of a file already is)
+  for (const auto& part : parts) {
+    TORCH_CHECK(part.scalar_type() == torch::kUInt8 && part.dim() == 3 && part.size(1) == k / elements &&
+                    part.size(2) == bytes,
+                "blocks must be [rows, K / ", elements, ", ", bytes, "] uint8 for format ", format);
+    held.push_back(part.stride(2) == 1 && part.stride(1) == bytes ? part : part.contiguous());
   }
+  const std::vector<const uint8_t*> rows = stacked_rows(held, k / elements * bytes, order, n);
   const int64_t panels = (n + nxk::kPanel - 1) / nxk::kPanel;
   auto out = torch::empty({panels, k / elements, nxk::group_bytes(format)}, torch::kUInt8);
-  const nxk::RepackArgs a{rows.const_data_ptr<uint8_t>(), rows.stride(0), index, n, k, format, out.data_ptr<uint8_t>()};
+  const nxk::RepackArgs a{rows.data(), n, k, format, out.data_ptr<uint8_t>()};
   at::parallel_for(0, panels, 4, [&](int64_t b, int64_t e) { nxk::repack_panels(a, b, e); });
+  return out;
+}
+
+// parts [rows_i, K] of one dtype (2 or 4 bytes a value: float16, bfloat16, float32), their rows stacked ->
+// [P, K, 16]: 16 rows side by side per k, zeros past N, the values' bits as they are (kernels.h's layout)
+torch::Tensor pack_panels(const std::vector<torch::Tensor>& parts) {
+  TORCH_CHECK(!parts.empty(), "pack_panels needs at least one part");
+  const auto dtype = parts[0].scalar_type();
+  const int64_t k = parts[0].size(1), width = parts[0].element_size();
+  TORCH_CHECK(width == 2 || width == 4, "pack_panels packs 2- or 4-byte values");
+  std::vector<torch::Tensor> held;
+  for (const auto& part : parts) {
+    TORCH_CHECK(part.scalar_type() == dtype && part.dim() == 2 && part.size(1) == k, "parts must be [rows, K] of one dtype");
+    held.push_back(part.stride(1) == 1 ? part : part.contiguous());
+  }
+  int64_t n = 0;
+  for (const auto& part : held) n += part.size(0);
+  const std::vector<const uint8_t*> rows = stacked_rows(held, k * width, std::nullopt, n);
+  const int64_t panels = (n + nxk::kPanel - 1) / nxk::kPanel;
+  auto out = torch::empty({panels, k, nxk::kPanel}, parts[0].options());
+  auto* o = static_cast<uint8_t*>(out.data_ptr());
+  at::parallel_for(0, panels, 1, [&](int64_t b, int64_t e) {
+    if (width == 2) nxk::pack_float_panels<2>(rows.data(), n, k, o, b, e);
+    else nxk::pack_float_panels<4>(rows.data(), n, k, o, b, e);
+  });
   return out;
 }
 
@@ -295,8 +343,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "y = x @ W^T over a packed [P, K, 16] weight, float32 out");
   m.def("qlinear", &qlinear, "y = x @ W^T over a packed quantized weight (quantized.h), float32 out");
   m.def("quantized_rows", &quantized_rows, "rows of a packed quantized weight as float32 (an embedding lookup)");
-  m.def("repack_quantized", &repack_quantized, "GGUF blocks as a packed quantized weight (repack.h), rows in order",
-        py::arg("blocks"), py::arg("n"), py::arg("k"), py::arg("format"), py::arg("order") = py::none());
+  m.def("repack_quantized", &repack_quantized, "GGUF blocks (parts stacked) as a packed quantized weight (repack.h)",
+        py::arg("parts"), py::arg("n"), py::arg("k"), py::arg("format"), py::arg("order") = py::none());
+  m.def("pack_panels", &pack_panels, "rows of 16- or 32-bit values (parts stacked) as [P, K, 16] panels");
   m.def("rms_norm", &rms_norm, "x / rms(x) per row, float32 out");
   m.def("softmax", &softmax, "softmax or log-softmax per row");
   m.def("row_stats", &row_stats, "each row's argmax and the max and log-sum of its log-softmax");

@@ -5,6 +5,7 @@
 #include "repack.h"
 
 #include <cstring>
+#include <type_traits>
 
 #include "qdot.h"
 
@@ -359,7 +360,7 @@ void repack_panel(const RepackArgs& a, int64_t p) {
   const uint8_t* src[kPanel];  // each row's blocks, nullptr past N
   for (int c = 0; c < kPanel; ++c) {
     const int64_t r = p * kPanel + c;
-    src[c] = r < a.n ? a.blocks + (a.order ? a.order[r] : r) * a.row_stride : nullptr;
+    src[c] = r < a.n ? a.rows[r] : nullptr;
   }
   uint8_t* out = a.out + p * entries * group_bytes(F);
   RowGroup rows[kPanel];
@@ -391,5 +392,25 @@ void repack_panels(const RepackArgs& a, int64_t begin, int64_t end) {
 #undef NXK_REPACK
   }
 }
+
+template <int Bytes>
+void pack_float_panels(const uint8_t* const* rows, int64_t n, int64_t K, uint8_t* out, int64_t begin, int64_t end) {
+  using Value = std::conditional_t<Bytes == 2, uint16_t, uint32_t>;  // the bits, copied as they are
+  for (int64_t p = begin; p < end; ++p) {
+    const uint8_t* src[kPanel];  // each row's values, nullptr past N
+    for (int c = 0; c < kPanel; ++c) src[c] = p * kPanel + c < n ? rows[p * kPanel + c] : nullptr;
+    Value* panel = reinterpret_cast<Value*>(out) + p * K * kPanel;  // [K][16]
+    for (int64_t k = 0; k < K; ++k) {
+      for (int c = 0; c < kPanel; ++c) {
+        Value v = 0;
+        if (src[c]) std::memcpy(&v, src[c] + k * Bytes, Bytes);
+        panel[k * kPanel + c] = v;
+      }
+    }
+  }
+}
+
+template void pack_float_panels<2>(const uint8_t* const*, int64_t, int64_t, uint8_t*, int64_t, int64_t);
+template void pack_float_panels<4>(const uint8_t* const*, int64_t, int64_t, uint8_t*, int64_t, int64_t);
 
 }  // namespace nxk

@@ -1,13 +1,17 @@
 // GGUF blocks -> the packed tiles of quantized.h (or qdot.h's dot layout) in one pass per panel: the layout
 // engine/kernels/quant_pack.py documents, byte for byte what its torch packer builds (the tests compare).
 //
-//   blocks [rows, K / E, B] uint8  GGUF's own blocks of the type a base format holds (engine/quantized.py):
-//                                  E = 32 k x group_blocks(format), B = gguf_block_bytes(format)
+//   rows[N] -> K / E GGUF blocks each, of the type a base format holds (engine/quantized.py):
+//              E = 32 k x group_blocks(format), B = gguf_block_bytes(format) bytes a block
 //   -> packed [P, K / E, group_bytes(format)] uint8, P = ceil(N / 16)
 //
-// Packed row r (panel r / 16, column r % 16) holds blocks row order[r] (row r without an order); rows past
-// N are zero (every scale and quant 0, laid out as any row's: Q8's dot bytes are then 0x80). The blocks are
-// only read (they may be a read-only map of a file). Plain scalar code: the same bytes on every CPU.
+// Packed row r (panel r / 16, column r % 16) holds the blocks at rows[r] (the caller points them at a
+// tensor's rows, several tensors' one after another, or any order of them); rows past N are zero (every
+// scale and quant 0, laid out as any row's: Q8's dot bytes are then 0x80). The blocks are only read (they
+// may be a read-only map of a file). Plain scalar code: the same bytes on every CPU.
+//
+// pack_panels16 / pack_panels32: the float layout of kernels.h's linear, [P, K, 16] with 16 output rows side
+// by side per k (zeros past N), from rows of 2- or 4-byte values, copied as they are.
 #pragma once
 
 #include <cstdint>
@@ -24,9 +28,7 @@ constexpr int64_t gguf_block_bytes(int64_t format) {
 }
 
 struct RepackArgs {
-  const uint8_t* blocks;  // [rows, K / E, B], rows row_stride bytes apart, each row's blocks contiguous
-  int64_t row_stride;
-  const int64_t* order;  // [N] rows of blocks, each in [0, rows); nullptr: packed row r is row r
+  const uint8_t* const* rows;  // [N]: each packed row's K / E blocks, contiguous
   int64_t n, K;
   int64_t format;  // a base format, or it + kDotFormats or + 2 kDotFormats: the dot layout (same bytes)
   uint8_t* out;    // [P, K / E, group_bytes(format)]
@@ -34,5 +36,9 @@ struct RepackArgs {
 
 // Panels [begin, end) of a.out, every byte written
 void repack_panels(const RepackArgs& a, int64_t begin, int64_t end);
+
+// Panels [begin, end) of out [P, K, 16] (values of Bytes bytes) from rows[N] of K values each
+template <int Bytes>
+void pack_float_panels(const uint8_t* const* rows, int64_t n, int64_t K, uint8_t* out, int64_t begin, int64_t end);
 
 }  // namespace nxk

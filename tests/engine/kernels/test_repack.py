@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from engine import kernels
-from engine.kernels.quant_pack import pack_quantized, pack_quantized_reference
+from engine.kernels.quant_pack import pack_quantized, pack_quantized_reference, pack_stacked
 from engine.quantized import BLOCK_ELEMENTS, QTYPES, QuantizedWeight, sample_weight
 from tests.threads import num_threads
 
@@ -60,7 +60,7 @@ def test_the_compiled_packer_gives_the_torch_packers_bytes(qtype: str, activatio
             what = (n, k, None if order is None else order.tolist())
             expected = pack_quantized_reference(weight, activations, order)
             rows = weight.shape[0] if order is None else order.numel()
-            got = module.repack_quantized(weight.blocks, rows, k, expected[0], order)
+            got = module.repack_quantized([weight.blocks], rows, k, expected[0], order)
             _assert_packs_alike((expected[0], got), expected, what)
             _assert_packs_alike(pack_quantized(weight, activations, order), expected, what)
 
@@ -101,15 +101,17 @@ def test_the_compiled_packer_refuses_what_it_cannot_pack():
     weight = _weight("Q8_0", 20, 2, seed=7)
     fmt = pack_quantized_reference(weight)[0]
     with pytest.raises(RuntimeError, match="unknown quantized format"):
-        module.repack_quantized(weight.blocks, 20, 64, 99)
+        module.repack_quantized([weight.blocks], 20, 64, 99)
     with pytest.raises(RuntimeError, match="blocks must be"):  # Q8_0 blocks read as Q4_0's
-        module.repack_quantized(weight.blocks, 20, 64, pack_quantized_reference(_weight("Q4_0", 1, 1, 8))[0])
+        module.repack_quantized(
+            [weight.blocks], 20, 64, pack_quantized_reference(_weight("Q4_0", 1, 1, 8))[0]
+        )
     with pytest.raises(RuntimeError, match="not N=21"):
-        module.repack_quantized(weight.blocks, 21, 64, fmt)
-    with pytest.raises(RuntimeError, match="outside the blocks"):
-        module.repack_quantized(weight.blocks, 2, 64, fmt, torch.tensor([0, 20]))
+        module.repack_quantized([weight.blocks], 21, 64, fmt)
+    with pytest.raises(RuntimeError, match="outside the parts"):
+        module.repack_quantized([weight.blocks], 2, 64, fmt, torch.tensor([0, 20]))
     with pytest.raises(RuntimeError, match="order must be"):
-        module.repack_quantized(weight.blocks, 3, 64, fmt, torch.tensor([0, 1]))
+        module.repack_quantized([weight.blocks], 3, 64, fmt, torch.tensor([0, 1]))
 
 
 def test_without_the_compiled_kernels_the_torch_packer_packs_and_the_comparisons_skip_saying_why(
@@ -123,3 +125,36 @@ def test_without_the_compiled_kernels_the_torch_packer_packs_and_the_comparisons
     order = torch.randperm(20, generator=torch.Generator().manual_seed(9))
     packed = pack_quantized(weight, "int16", order)
     _assert_packs_alike(packed, pack_quantized_reference(weight.take_rows(order), "int16"), "portable")
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_parts_pack_as_their_stack_without_being_stacked(qtype: str):
+    """A fused weight's parts (rows 17 + 5 + 16: panels straddle them) packed from where they are: the
+    bytes of their stack packed, with and without an order over the stacked rows."""
+    _compiled_module()
+    parts = [_weight(qtype, n, 2, seed=n) for n in (17, 5, 16)]
+    whole = QuantizedWeight.stack(parts)
+    order = torch.randperm(whole.shape[0], generator=torch.Generator().manual_seed(3))
+    for activations, rows in itertools.product(("float", "mixed"), (None, order)):
+        expected = pack_quantized_reference(whole, activations, rows)
+        _assert_packs_alike(pack_stacked(parts, activations, rows), expected, (activations, rows is None))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_float_parts_pack_as_the_torch_panels(dtype: torch.dtype):
+    """pack_linear_weight's compiled pass over parts (rows 19 + 13 + 32) gives the torch path's panels,
+    bit for bit, zeros past N; parts of two dtypes pack as float32."""
+    module = _compiled_module()
+    generator = torch.Generator().manual_seed(5)
+    parts = [torch.randn(n, 40, generator=generator).to(dtype) for n in (19, 13, 32)]
+    whole = torch.cat(parts)
+    n, k = whole.shape
+    expected = torch.zeros(-(-n // 16) * 16, k, dtype=dtype)
+    expected[:n] = whole
+    expected = expected.view(-1, 16, k).transpose(1, 2).contiguous()  # [P, K, 16]
+    got = module.pack_panels(parts)
+    assert got.dtype == dtype and torch.equal(got.view(torch.uint8), expected.view(torch.uint8))
+    assert torch.equal(kernels.pack_linear_weight(parts).view(torch.uint8), expected.view(torch.uint8))
+    mixed = kernels.pack_linear_weight([parts[0].float(), parts[1].half()])
+    widened = torch.cat([parts[0].float(), parts[1].half().float()])  # [32, K]
+    assert mixed.dtype == torch.float32 and torch.equal(mixed, widened.view(2, 16, k).transpose(1, 2))

@@ -13,6 +13,7 @@ from nxctl.bench.memory_probe import measure
 def test_the_probe_measures_load_and_first_request_in_its_own_process():
     figures = measure("tiny", "float32", "auto", 64)
     assert figures.rss_after_import < figures.rss_after_load <= figures.rss_after_first_request + 4096 * 256
+    assert figures.rss_full_pool >= figures.rss_after_first_request - 4096 * 256
     assert (
         figures.kv_bytes == 64 * 16 * 2 * 2 * 2 * 16 * 4
     )  # blocks x block x K,V x layers x kv heads x dim x f32
