@@ -33,7 +33,7 @@ from nxctl.bench.machine import (
     peak_rss_mb,
 )
 from nxctl.bench.memory_probe import measure
-from nxctl.bench.options import SEQUENTIAL_SUBSET, BenchOptions
+from nxctl.bench.options import LONG_PROMPTS, SEQUENTIAL_SUBSET, BenchOptions
 from nxctl.bench.peer_hf import load_hf_model, run_hf
 from nxctl.bench.peers.records import decode_tps, schedule_run
 from nxctl.bench.peers.registry import DEFAULT_PEERS_DIR, SUBPROCESS_SCHEDULES
@@ -246,14 +246,42 @@ PREFILL_TOKENS = 512  # the prompt whose prefill rate the single schedule report
 
 def _prefill_figures(ctx: _Context) -> dict[str, float | None]:
     """One prompt of PREFILL_TOKENS random tokens (fewer if the context is shorter) alone on our invariant
-    engine: its TTFT and prefill tok/s (prompt tokens / TTFT)."""
+    engine: its TTFT and prefill tok/s (prompt tokens / TTFT); with --long, each of its prompts too
+    (``invariant_prefill_<tokens>_ms`` / ``_tps``)."""
+    length = min(PREFILL_TOKENS, ctx.loaded.config.max_position_embeddings - 2)
+    ms, tps = _prefill_alone(ctx, length)
+    figures = {"prefill_tokens": length, "invariant_prefill_ms": ms, "invariant_prefill_tps": tps}
+    for tokens in ctx.opts.long_prompts:
+        ms, tps = _prefill_alone(ctx, tokens)
+        figures |= {f"invariant_prefill_{tokens}_ms": ms, f"invariant_prefill_{tokens}_tps": tps}
+    return figures
+
+
+def _prefill_alone(ctx: _Context, length: int) -> tuple[float | None, float | None]:
+    """(TTFT in ms, prompt tokens / TTFT) of one prompt of ``length`` random tokens alone on a fresh engine."""
     config = ctx.loaded.config
-    length = min(PREFILL_TOKENS, config.max_position_embeddings - 2)
-    ids = torch.randint(0, config.vocab_size, (length,), generator=torch.Generator().manual_seed(512))
+    ids = torch.randint(0, config.vocab_size, (length,), generator=torch.Generator().manual_seed(length))
     req = WorkloadRequest(0, ids.tolist(), 1, 0.0, "prefill")
     record = run_static(make_engine(ctx.loaded, ctx.engine_config()), [req], 1, lambda n: None).records[0]
     tps = None if record.ttft is None or record.ttft <= 0 else length / record.ttft
-    return {"prefill_tokens": length, "invariant_prefill_ms": _ms(record.ttft), "invariant_prefill_tps": tps}
+    return _ms(record.ttft), tps
+
+
+def check_long_prompts(opts: BenchOptions, config: ModelConfig) -> None:
+    """InvalidRequestError, in one line, for a --long prompt the model's context or the KV pool cannot hold."""
+    settings = opts.engine
+    pool = settings.num_kv_blocks * settings.block_size
+    for tokens in opts.long_prompts:
+        if tokens + 1 > config.max_position_embeddings:
+            raise InvalidRequestError(
+                f"--long: a {tokens}-token prompt is beyond {config.name}'s context of {config.max_position_embeddings}"
+            )
+        if tokens + 1 > pool:
+            blocks = -(-(tokens + 1) // settings.block_size)
+            raise InvalidRequestError(
+                f"--long: a {tokens}-token prompt needs {blocks} KV blocks of {settings.block_size} tokens; "
+                f"--num-kv-blocks is {settings.num_kv_blocks}"
+            )
 
 
 def _peer_bench_figures(name: str, info: dict[str, Any]) -> dict[str, float]:
@@ -263,6 +291,10 @@ def _peer_bench_figures(name: str, info: dict[str, Any]) -> dict[str, float]:
     out = {}
     if f"pp{PREFILL_TOKENS}" in figures:
         out[f"{name}_prefill_tps"] = float(figures[f"pp{PREFILL_TOKENS}"])
+    for tokens in LONG_PROMPTS:
+        if f"pp{tokens}" in figures:
+            tps = float(figures[f"pp{tokens}"])
+            out |= {f"{name}_prefill_{tokens}_tps": tps, f"{name}_prefill_{tokens}_ms": 1000.0 * tokens / tps}
     decode = sorted(k for k in figures if k.startswith("tg"))
     if decode:
         out[f"{name}_bench_decode_tps"] = float(figures[decode[0]])
@@ -394,6 +426,7 @@ def run_bench(
             f"--compare-activations: {opts.model} holds no quantized weights under --quantize {opts.engine.quantize}, "
             "so activations change nothing"
         )
+    check_long_prompts(opts, loaded.config)
     requests = _workload(opts, loaded.config, loaded.tokenizer)
     notify(f"bench: load {clock.lap('load'):.1f} s")
     device = resolve_device("auto")
@@ -414,6 +447,7 @@ def run_bench(
         opts.max_num_seqs,
         opts.repeat,
         notify,
+        long_prompts=opts.long_prompts,
     )
     names = tuple(n for n in names if n not in SUBPROCESS_SCHEDULES or n in peer_runs.schedules())
     ctx = _Context(opts, loaded, requests, device, peaks, read_gbps, hf_model, start_task, peer_runs)

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 from engine.settings import ACTIVATION_MODES
-from nxctl.bench.options import SCHEDULES, SHORT_DTYPE, BenchOptions
+from nxctl.bench.options import LONG_PROMPTS, SCHEDULES, SHORT_DTYPE, BenchOptions
 from nxctl.bench.peers.registry import SUBPROCESS_SCHEDULES
 
 RUN_METRICS = (
@@ -61,6 +61,8 @@ SINGLE_METRICS = tuple(
         "prefill_ms",
         "bench_decode_tps",  # a peer's own benchmark of one request's decode (llama-bench's tg128)
         "bench_decode_tokens",
+        # --long: each LONG_PROMPTS prompt alone (a peer's: its own benchmark's, llama-bench -p)
+        *(f"prefill_{tokens}_{unit}" for tokens in LONG_PROMPTS for unit in ("tps", "ms")),
     )
 ) + ("prefill_tokens",)
 AGREEMENT = (
@@ -147,6 +149,7 @@ RATIOS = (
         for peer in SUBPROCESS_SCHEDULES
         for ours, theirs in (
             ("invariant_prefill_tps", "prefill_tps"),
+            *((f"invariant_prefill_{tokens}_tps", f"prefill_{tokens}_tps") for tokens in LONG_PROMPTS),
             ("invariant_decode_tps", "bench_decode_tps"),
             ("invariant_decode_tps", "decode_tps"),
         )

@@ -16,6 +16,10 @@ PEER_OF = {schedule: peer for peer, schedules in PEER_SCHEDULES.items() for sche
 SCHEDULES = (*OURS[:-1], *PEER_OF, "single")  # in run order: single last, after every peer
 SEQUENTIAL_SUBSET = 8  # the sequential schedule runs the first 8 requests only
 SHORT_DTYPE = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+LONG_PROMPTS = (
+    4096,
+    16000,
+)  # --long: the prompts (tokens) whose prefill the single schedule also times alone
 # options with a default that only our in-process runs read: refused under --url when given (see
 # ``given``); every engine option is one too (nxctl/commands/engine_options.py adds them)
 IN_PROCESS_OPTIONS = ("--max-num-seqs", "--threads", "--peers-dir")
@@ -43,6 +47,7 @@ class BenchOptions:
     # re-run the first requests on the float path for the quantized agreement (minutes on a 1B model:
     # the float32 weights are 6x a Q4_K_M file's)
     agreement: bool = True
+    long_prompts: tuple[int, ...] = ()  # --long: LONG_PROMPTS, each prefilled alone in the single schedule
     # the options the command line gave (their flags), where a value alone cannot tell a default from a
     # choice: the CLI fills it; ``in_process_settings`` reads it
     given: frozenset[str] = frozenset()
@@ -79,6 +84,12 @@ class BenchOptions:
                 )
             if self.compare_dtype is not None:
                 raise InvalidRequestError("--compare-dtype and --compare-activations: choose one comparison")
+        if self.long_prompts and "single" not in self.selected():
+            raise InvalidRequestError(
+                "--long times its prompts in the single schedule: add single to --schedules"
+            )
+        if any(tokens < 1 for tokens in self.long_prompts):
+            raise InvalidRequestError(f"long prompts must be >= 1 token, got {self.long_prompts}")
         if self.engine.speculative is None and "cb_spec" in self.schedules:
             raise InvalidRequestError("the cb_spec schedule needs --speculative ngram|draft")
         if self.url is not None:
@@ -102,6 +113,7 @@ class BenchOptions:
             "--compare-dtype": self.compare_dtype is not None,
             "--compare-activations": self.compare_activations is not None,
             "--no-agreement": not self.agreement,
+            "--long": bool(self.long_prompts),
             "--speculative": self.engine.speculative is not None,
             **{
                 flag: flag in self.given

@@ -9,7 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from nxctl.bench.bench_run import BenchResult
-from nxctl.bench.options import SEQUENTIAL_SUBSET
+from nxctl.bench.options import LONG_PROMPTS, SEQUENTIAL_SUBSET
 from nxctl.bench.peers.registry import SUBPROCESS_SCHEDULES
 from nxctl.bench.serving_metrics import LATENCIES, STATS
 from nxctl.bench.summary import cpu_kernels, schedules_json, to_json
@@ -220,6 +220,17 @@ def _own_benchmarks(single: dict[str, Any]) -> list[str]:
         if f"{who}_prefill_tps" in single:
             parts.append(f"{who}'s own benchmark {_cell(single[f'{who}_prefill_tps'], 1)}")
     lines = [", ".join(parts)]
+    for tokens in LONG_PROMPTS:
+        if single.get(f"invariant_prefill_{tokens}_tps") is None:
+            continue
+        long = [
+            f"prefill of one {tokens}-token prompt alone (--long): ours {_cell(single[f'invariant_prefill_{tokens}_tps'], 1)} "
+            f"tok/s (TTFT {_cell(single[f'invariant_prefill_{tokens}_ms'] / 1000, 1)} s)"
+        ]
+        for who in SUBPROCESS_SCHEDULES:
+            if f"{who}_prefill_{tokens}_tps" in single:
+                long.append(f"{who}'s own benchmark {_cell(single[f'{who}_prefill_{tokens}_tps'], 1)} tok/s")
+        lines.append(", ".join(long))
     for who in SUBPROCESS_SCHEDULES:
         if f"{who}_bench_decode_tps" in single:
             lines.append(

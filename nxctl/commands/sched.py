@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from engine.errors import InvalidRequestError, NxError
 from engine.workload import LengthRange, WorkloadSpec, parse_weights
-from nxctl.bench.options import IN_PROCESS_OPTIONS, SCHEDULES, BenchOptions
+from nxctl.bench.options import IN_PROCESS_OPTIONS, LONG_PROMPTS, SCHEDULES, BenchOptions
 from nxctl.commands.common import fail
 from nxctl.commands.engine_options import EngineFlags, given_on_command_line, with_engine_options
 
@@ -138,6 +138,15 @@ def bench(
             "16 requests on float32 weights: minutes on a 1B model).",
         ),
     ] = True,
+    long: Annotated[
+        bool,
+        typer.Option(
+            "--long",
+            help="Also time one 4,096- and one 16,000-token prompt alone (TTFT, prefill tok/s = tokens / TTFT), "
+            "beside llama.cpp's llama-bench -p on the same lengths with --peer llamacpp; the KV pool must hold "
+            "16,000 tokens (--num-kv-blocks x 16).",
+        ),
+    ] = False,
     workload: Annotated[
         str,
         typer.Option(
@@ -175,6 +184,7 @@ def bench(
             peers_dir=peers_dir,
             dataset=None if workload == "random" else workload,
             agreement=agreement,
+            long_prompts=LONG_PROMPTS if long else (),
             given=engine.given | given_on_command_line(ctx, IN_PROCESS_OPTIONS),
         )
         result = run_with_progress(opts, Console(stderr=True))

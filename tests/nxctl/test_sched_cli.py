@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from engine.errors import InvalidRequestError
+from engine.loader import load_config
+from engine.settings import EngineSettings
 from gates.census_data import load_rows
+from nxctl.bench.bench_run import check_long_prompts, run_bench
+from nxctl.bench.options import BenchOptions
 from nxctl.cli import app
 
 runner = CliRunner()
@@ -150,6 +155,8 @@ def test_one_request_and_no_json_writes_nothing(tmp_path: Path, monkeypatch: pyt
         (["--url", "http://127.0.0.1:9", "--kv-cache-dtype", "auto"], "drop --kv-cache-dtype"),
         (["--url", "http://127.0.0.1:9", "--threads", "2"], "drop --threads"),
         (["--concurrency", "2"], "needs --url"),
+        (["--long"], "beyond tiny's context of 1024"),
+        (["--long", "--schedules", "cb_invariant"], "add single to --schedules"),
     ],
 )
 def test_bad_input_is_one_clear_line(args: list[str], needle: str) -> None:
@@ -277,3 +284,16 @@ def test_bad_speculative_bench_input_is_one_clear_line(args: list[str], needle: 
     assert result.exit_code != 0
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and needle in lines[0], result.stderr
+
+
+def test_long_prompts_are_timed_alone_in_the_single_schedule() -> None:
+    """--long's prompts (here 300 and 700 tokens: tiny's context is 1,024) each prefilled alone: TTFT and
+    tokens / TTFT in the single schedule's figures; a pool too small for one is refused in one line."""
+    opts = BenchOptions(model="tiny", schedules=("single",), long_prompts=(300, 700), agreement=False)
+    single = run_bench(opts).runs["single"][0]
+    for tokens in (300, 700):
+        ms, tps = single[f"invariant_prefill_{tokens}_ms"], single[f"invariant_prefill_{tokens}_tps"]
+        assert ms > 0 and tps == pytest.approx(tokens / (ms / 1000))
+    small = BenchOptions(model="tiny", long_prompts=(700,), engine=EngineSettings(num_kv_blocks=32))
+    with pytest.raises(InvalidRequestError, match="needs 44 KV blocks of 16 tokens; --num-kv-blocks is 32"):
+        check_long_prompts(small, load_config("tiny"))

@@ -14,7 +14,8 @@ binaries' folder comes in ``NXCTL_LLAMACPP_BIN``.
   character, and the answer's ``output_tokens`` counts it). ``forwards`` is the server's
   ``llamacpp:n_decode_total`` over the repeat (its llama_decode calls).
 - One request's decode and a prompt's prefill as llama.cpp reports them: ``llama-bench -p 512 -n 128``
-  (``-r 3``), in ``info.llama_bench`` (tok/s of each test), the figures llama.cpp's own users quote.
+  (``-r 3``), in ``info.llama_bench`` (tok/s of each test), the figures llama.cpp's own users quote; with
+  the job's ``long_prompts`` also ``llama-bench -p 4096,16000 -n 0 -r 1``.
 """
 
 from __future__ import annotations
@@ -147,12 +148,22 @@ def run_once(server: Server, requests: list[dict[str, Any]]) -> dict[str, Any]:
     return {"duration_s": duration, "forwards": server.decodes() - before, "requests": answers}
 
 
-def llama_bench(model: str, threads: int) -> dict[str, float]:
-    """llama-bench's prefill and decode tok/s on ``model``: {"pp512": ..., "tg128": ...}."""
-    cmd = [
-        str(binaries() / "llama-bench"), "-m", model, "-t", str(threads), "-p", str(BENCH_PROMPT),
-        "-n", str(BENCH_GEN), "-r", str(BENCH_REPEATS), "-o", "json",
-    ]  # fmt: skip
+def llama_bench(model: str, threads: int, long_prompts: list[int] | None = None) -> dict[str, float]:
+    """llama-bench's prefill and decode tok/s on ``model``: {"pp512": ..., "tg128": ...}, and with
+    ``long_prompts`` each one's prefill once ("pp4096": ...; one repeat: a 16k prefill takes minutes)."""
+    figures = _llama_bench(
+        model, threads, ["-p", str(BENCH_PROMPT), "-n", str(BENCH_GEN), "-r", str(BENCH_REPEATS)]
+    )
+    if long_prompts:
+        figures |= _llama_bench(
+            model, threads, ["-p", ",".join(map(str, long_prompts)), "-n", "0", "-r", "1"]
+        )
+    return figures
+
+
+def _llama_bench(model: str, threads: int, tests: list[str]) -> dict[str, float]:
+    """One llama-bench run's tests as {"pp<n>" | "tg<n>": tok/s}."""
+    cmd = [str(binaries() / "llama-bench"), "-m", model, "-t", str(threads), *tests, "-o", "json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
     figures = {}
     for test in json.loads(proc.stdout):
@@ -181,7 +192,7 @@ def main(argv: list[str]) -> None:
         "version": (version.stdout + version.stderr).strip().splitlines()[0]
         if version.returncode == 0
         else "",
-        "llama_bench": llama_bench(job["model"], job["threads"]),
+        "llama_bench": llama_bench(job["model"], job["threads"], job.get("long_prompts")),
     }
     answer = {"protocol": 1, "load_s": server.load_s, "info": info, "runs": runs}
     Path(argv[2]).write_text(json.dumps(answer), encoding="utf-8")

@@ -8,6 +8,9 @@ The job (the bench writes it; the driver's first argument names the file)::
      "runs": {"workload": [{"prompt_token_ids": [...], "max_tokens": 40, "arrival_s": 0.0}, ...],
               "single": [{...}]}}
 
+``long_prompts`` (optional, --long): prompt lengths a peer's own benchmark also times (llama.cpp's
+llama-bench -p; its answer's info carries them as ``pp<tokens>``); a peer without one ignores it.
+
 Every request is greedy and generates exactly ``max_tokens`` tokens (EOS ignored). The driver loads
 once, warms up, then runs each repeat of each run in order (repeat-major) and writes (second argument)::
 

@@ -67,6 +67,7 @@ class PeerRuns:
     max_num_seqs: int
     repeat: int
     notify: Callable[[str], object] = lambda line: None
+    long_prompts: tuple[int, ...] = ()  # --long: prompts a peer's own benchmark also times (llama-bench -p)
     skipped: dict[str, str] = field(default_factory=dict)
     _outcomes: dict[str, PeerOutcome | None] = field(default_factory=dict)
 
@@ -129,6 +130,7 @@ class PeerRuns:
             model, settings = self._model(spec, config)
             # absolute: the driver runs in a folder of its own (a relative --model would not be found)
             job = make_job(str(model.resolve()), settings, self.threads, self.max_num_seqs, self.repeat, runs)
+            job["long_prompts"] = list(self.long_prompts)
             log = self.peers_dir / "logs" / f"{schedule}.log"
             answer = run_driver(
                 spec.python(self.peers_dir),

@@ -67,12 +67,14 @@ FAKE_SERVER = """\
     ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 """
 
+# prompts of -p (comma-separated) at 150.5 tok/s less one per thousand tokens, -n tokens at 20.25 (none for 0)
 FAKE_BENCH = """\
     import json, sys
     args = sys.argv[1:]
     assert args[args.index("-o") + 1] == "json"
-    p, n = int(args[args.index("-p") + 1]), int(args[args.index("-n") + 1])
-    print(json.dumps([{"n_prompt": p, "n_gen": 0, "avg_ts": 150.5}, {"n_prompt": 0, "n_gen": n, "avg_ts": 20.25}]))
+    prompts, n = [int(p) for p in args[args.index("-p") + 1].split(",")], int(args[args.index("-n") + 1])
+    tests = [{"n_prompt": p, "n_gen": 0, "avg_ts": 150.5 - p // 1000} for p in prompts]
+    print(json.dumps(tests + ([{"n_prompt": 0, "n_gen": n, "avg_ts": 20.25}] if n else [])))
 """
 
 
@@ -116,6 +118,19 @@ def test_driver_streams_each_request_and_reports_llama_bench(tmp_path: Path) -> 
             assert got.token_times[0] >= req.arrival_s
         assert repeat.forwards == sum(-(-r.output_len // 2) for r in REQUESTS)  # the server's counter
     assert len(answer.runs["single"]) == 2
+
+
+def test_long_prompts_are_timed_by_llama_bench_too(tmp_path: Path) -> None:
+    """--long: the job's long_prompts reach llama-bench (-p 4096,16000 -n 0) beside its usual tests."""
+    binaries = tmp_path / "bin"
+    binaries.mkdir()
+    _binary(binaries, "llama-server", FAKE_SERVER)
+    _binary(binaries, "llama-bench", FAKE_BENCH)
+    job = make_job("model.gguf", {}, 2, 4, 1, {"single": REQUESTS[:1]}) | {"long_prompts": [4096, 16000]}
+    done = _drive(tmp_path, job, binaries)
+    assert done.returncode == 0, done.stderr
+    answer = parse_answer(json.loads((tmp_path / "answer.json").read_text()), job)
+    assert answer.info["llama_bench"] == {"pp512": 150.5, "tg128": 20.25, "pp4096": 146.5, "pp16000": 134.5}
 
 
 def test_driver_without_binaries_fails_in_one_line(tmp_path: Path) -> None:
