@@ -208,6 +208,19 @@ def _single_decode(single: dict[str, Any], who: str) -> str:
     return text
 
 
+def _long_prefill(single: dict[str, Any], length: int) -> str:
+    """--long's line for one prompt length: ours (tok/s, TTFT) beside each peer's own benchmark."""
+    ours = f"invariant_prefill_{length}"
+    parts = [
+        f"prefill of one {length}-token prompt alone (--long): ours {_cell(single[f'{ours}_tps'], 1)} tok/s "
+        f"(TTFT {_cell((single[f'{ours}_ms'] or 0) / 1000, 1)} s)"
+    ]
+    for who in SUBPROCESS_SCHEDULES:
+        if f"{who}_prefill_{length}_tps" in single:
+            parts.append(f"{who}'s own benchmark {_cell(single[f'{who}_prefill_{length}_tps'], 1)} tok/s")
+    return ", ".join(parts)
+
+
 def _own_benchmarks(single: dict[str, Any]) -> list[str]:
     """The prefill line (ours beside each peer's own benchmark) and each peer's own decode benchmark."""
     if single.get("invariant_prefill_tps") is None:
@@ -220,17 +233,11 @@ def _own_benchmarks(single: dict[str, Any]) -> list[str]:
         if f"{who}_prefill_tps" in single:
             parts.append(f"{who}'s own benchmark {_cell(single[f'{who}_prefill_tps'], 1)}")
     lines = [", ".join(parts)]
-    for tokens in LONG_PROMPTS:
-        if single.get(f"invariant_prefill_{tokens}_tps") is None:
-            continue
-        long = [
-            f"prefill of one {tokens}-token prompt alone (--long): ours {_cell(single[f'invariant_prefill_{tokens}_tps'], 1)} "
-            f"tok/s (TTFT {_cell(single[f'invariant_prefill_{tokens}_ms'] / 1000, 1)} s)"
-        ]
-        for who in SUBPROCESS_SCHEDULES:
-            if f"{who}_prefill_{tokens}_tps" in single:
-                long.append(f"{who}'s own benchmark {_cell(single[f'{who}_prefill_{tokens}_tps'], 1)} tok/s")
-        lines.append(", ".join(long))
+    lines += [
+        _long_prefill(single, length)
+        for length in LONG_PROMPTS
+        if f"invariant_prefill_{length}_tps" in single
+    ]
     for who in SUBPROCESS_SCHEDULES:
         if f"{who}_bench_decode_tps" in single:
             lines.append(
