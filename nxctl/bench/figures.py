@@ -61,8 +61,6 @@ SINGLE_METRICS = tuple(
         "prefill_ms",
         "bench_decode_tps",  # a peer's own benchmark of one request's decode (llama-bench's tg128)
         "bench_decode_tokens",
-        # --long: each LONG_PROMPTS prompt alone (a peer's: its own benchmark's, llama-bench -p)
-        *(f"prefill_{tokens}_{unit}" for tokens in LONG_PROMPTS for unit in ("tps", "ms")),
     )
 ) + ("prefill_tokens",)
 AGREEMENT = (
@@ -187,6 +185,8 @@ _PATTERN = re.compile(
             rf"{_SCHEDULE}\.(?:{_alternatives(RUN_METRICS + SINGLE_METRICS)})",
             rf"{_SCHEDULE}\.(?:{_alternatives(LATENCY_METRICS)})\.(?:{_alternatives(LATENCY_STATS)})",
             rf"{_SCHEDULE}\.tenant_output_tokens\.[\w.-]+",
+            # --long: each prompt prefilled alone, <who>_prefill_<tokens>_tps | _ms (a peer's: its own benchmark's)
+            rf"single\.(?:{_alternatives(('invariant', *SUBPROCESS_SCHEDULES))})_prefill_\d+_(?:tps|ms)",
             rf"ratios\.(?:{_alternatives([r.name for r in RATIOS])}|(?:{_DTYPES})_vs_(?:{_DTYPES})_invariant_output_throughput)",
             rf"ratios\.(?:{_ACTIVATIONS})_vs_(?:{_ACTIVATIONS})_activations_invariant_output_throughput",
             rf"agreement\.(?:{_alternatives(AGREEMENT)})",

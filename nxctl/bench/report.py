@@ -9,7 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from nxctl.bench.bench_run import BenchResult
-from nxctl.bench.options import LONG_PROMPTS, SEQUENTIAL_SUBSET
+from nxctl.bench.options import SEQUENTIAL_SUBSET
 from nxctl.bench.peers.registry import SUBPROCESS_SCHEDULES
 from nxctl.bench.serving_metrics import LATENCIES, STATS
 from nxctl.bench.summary import cpu_kernels, schedules_json, to_json
@@ -151,7 +151,7 @@ def footer(result: BenchResult) -> list[str]:
             if f"{who}_decode_tps" in single:
                 parts.append(f"{who} {_single_decode(single, who)}")
         lines.append(", ".join(parts))
-        lines.extend(_own_benchmarks(single))
+        lines.extend(_own_benchmarks(single, result.options.long_prompts))
     for name, value in data["ratios"].items():
         lines.append(f"ratio {name}: {_cell(value, 3)}")
     for name, value in data["agreement"].items():
@@ -209,19 +209,18 @@ def _single_decode(single: dict[str, Any], who: str) -> str:
 
 
 def _long_prefill(single: dict[str, Any], length: int) -> str:
-    """--long's line for one prompt length: ours (tok/s, TTFT) beside each peer's own benchmark."""
-    ours = f"invariant_prefill_{length}"
-    parts = [
-        f"prefill of one {length}-token prompt alone (--long): ours {_cell(single[f'{ours}_tps'], 1)} tok/s "
-        f"(TTFT {_cell((single[f'{ours}_ms'] or 0) / 1000, 1)} s)"
-    ]
+    """--long's line for one prompt length: ours (tok/s, TTFT = tokens / tok/s) beside each peer's own
+    benchmark."""
+    tps = single[f"invariant_prefill_{length}_tps"]
+    ttft = f"{length / _median(tps):.1f} s" if tps else "n/a"
+    parts = [f"prefill of one {length}-token prompt alone (--long): ours {_cell(tps, 1)} tok/s (TTFT {ttft})"]
     for who in SUBPROCESS_SCHEDULES:
         if f"{who}_prefill_{length}_tps" in single:
             parts.append(f"{who}'s own benchmark {_cell(single[f'{who}_prefill_{length}_tps'], 1)} tok/s")
     return ", ".join(parts)
 
 
-def _own_benchmarks(single: dict[str, Any]) -> list[str]:
+def _own_benchmarks(single: dict[str, Any], long_prompts: tuple[int, ...] = ()) -> list[str]:
     """The prefill line (ours beside each peer's own benchmark) and each peer's own decode benchmark."""
     if single.get("invariant_prefill_tps") is None:
         return []
@@ -235,7 +234,7 @@ def _own_benchmarks(single: dict[str, Any]) -> list[str]:
     lines = [", ".join(parts)]
     lines += [
         _long_prefill(single, length)
-        for length in LONG_PROMPTS
+        for length in long_prompts
         if f"invariant_prefill_{length}_tps" in single
     ]
     for who in SUBPROCESS_SCHEDULES:

@@ -194,17 +194,19 @@ def bench(
 
 
 def print_result(result: BenchResult, json_path: Path | None) -> None:
-    """The bench's table and footer on stdout; its JSON written to ``json_path`` when given."""
+    """Its JSON written to ``json_path`` when given (first: a long run's figures are kept whatever the
+    printing does), then the bench's table and footer on stdout."""
     from nxctl.bench.report import footer, table, title  # noqa: PLC0415 - with the bench (torch)
     from nxctl.bench.summary import write_json  # noqa: PLC0415
 
+    if json_path is not None:
+        write_json(result, json_path)
     out = Console(width=None if Console().is_terminal else 160)
     out.print(title(result), highlight=False)
     out.print(table(result))
     for line in footer(result):
         out.print(line, highlight=False)
     if json_path is not None:
-        write_json(result, json_path)
         out.print(f"wrote {json_path}", highlight=False)
 
 

@@ -14,6 +14,7 @@ from engine.settings import EngineSettings
 from gates.census_data import load_rows
 from nxctl.bench.bench_run import check_long_prompts, run_bench
 from nxctl.bench.options import BenchOptions
+from nxctl.bench.report import footer
 from nxctl.cli import app
 
 runner = CliRunner()
@@ -290,10 +291,15 @@ def test_long_prompts_are_timed_alone_in_the_single_schedule() -> None:
     """--long's prompts (here 300 and 700 tokens: tiny's context is 1,024) each prefilled alone: TTFT and
     tokens / TTFT in the single schedule's figures; a pool too small for one is refused in one line."""
     opts = BenchOptions(model="tiny", schedules=("single",), long_prompts=(300, 700), agreement=False)
-    single = run_bench(opts).runs["single"][0]
+    result = run_bench(opts)
+    single = result.runs["single"][0]
+    lines = footer(result)
     for tokens in (300, 700):
         ms, tps = single[f"invariant_prefill_{tokens}_ms"], single[f"invariant_prefill_{tokens}_tps"]
         assert ms > 0 and tps == pytest.approx(tokens / (ms / 1000))
+        assert any(
+            line.startswith(f"prefill of one {tokens}-token prompt alone (--long): ours ") for line in lines
+        )
     small = BenchOptions(model="tiny", long_prompts=(700,), engine=EngineSettings(num_kv_blocks=32))
     with pytest.raises(InvalidRequestError, match="needs 44 KV blocks of 16 tokens; --num-kv-blocks is 32"):
         check_long_prompts(small, load_config("tiny"))
