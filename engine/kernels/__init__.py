@@ -98,7 +98,7 @@ def pack_linear_weight(weight: torch.Tensor | list[torch.Tensor]) -> torch.Tenso
     n, k = weight.shape
     panels = -(-n // PANEL)
     padded = torch.zeros(panels * PANEL, k, dtype=dtype)
-    padded[:n] = weight.to(dtype)
+    padded[:n] = weight
     return padded.view(panels, PANEL, k).transpose(1, 2).contiguous()  # [P, K, 16]
 
 

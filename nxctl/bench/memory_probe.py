@@ -21,6 +21,7 @@ set beside what load and a first request added.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -101,26 +102,8 @@ def largest_tensor_bytes(path: Path) -> int:
         return max((t.n_bytes for t in GGUFHeader(path).tensors), default=0)
     from engine.loader.safetensors_file import Shard
 
-    sizes = [4 * _elements(e["shape"]) for f in path.glob("*.safetensors") for e in Shard(f).entries.values()]
+    sizes = [4 * math.prod(e["shape"]) for f in path.glob("*.safetensors") for e in Shard(f).entries.values()]
     return max(sizes, default=0)
-
-
-def _elements(shape: list[int]) -> int:
-    count = 1
-    for d in shape:
-        count *= int(d)
-    return count
-
-
-def _peak_rss_bytes() -> int:
-    """The process's peak RSS so far (VmHWM); 0 where /proc does not say."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def probe(
@@ -132,12 +115,13 @@ def probe(
     from engine import kernels
     from engine.llm import LLM
     from engine.memory import reclaim, rss_bytes
+    from engine.mux.footprint import footprint_of
+    from engine.mux.model_spec import DEFAULT_ACTIVATION_MB, MB
     from engine.sampling_params import SamplingParams
+    from nxctl.bench.machine import peak_rss_mb
 
     kernels.backend()
     torch.ones(8) @ torch.ones(8)  # the runtime's first operation
-    from engine.mux.footprint import footprint_of
-    from engine.mux.model_spec import DEFAULT_ACTIVATION_MB, MB
 
     reclaim()
     before = rss_bytes()
@@ -146,7 +130,7 @@ def probe(
         model, dtype=dtype, quantize=quantize, num_kv_blocks=num_kv_blocks, kv_cache_dtype=kv_cache_dtype
     )
     load_s = time.perf_counter() - started
-    loaded, peak = rss_bytes(), _peak_rss_bytes()
+    loaded, peak = rss_bytes(), int(peak_rss_mb() * 2**20)
     llm.generate(["Say hello."], SamplingParams(max_tokens=8))
     after = rss_bytes()
     llm.engine.fault_in_kv_pool()  # the pool as a busy seat holds it: every block written
