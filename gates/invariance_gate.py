@@ -8,10 +8,12 @@ The seed comes from ``NXCTL_GATE_SEED`` (CI derives it from the commit hash), de
 
 Checks:
 - kernels: each of our kernels on the real model's shapes, rows alone vs at random places among up to
-  64 random rows (and 512-row prefill chunks): identical bits, float32 and bfloat16;
-- engine runs, tiny and smollm2, float32 and bfloat16, and three other families (Qwen3's per-head q/k
-  norms, Mistral's sliding window, Gemma 3's windowed layers, sandwich norms and GELU gate on the
-  layer-by-layer path; fixtures/families) in float32: every request's token ids, logprob bits and
+  64 random rows (and 512-row prefill chunks): identical bits, float32 and bfloat16; attention also on
+  contexts of up to 4,800 positions and with K held by dimension;
+- engine runs, tiny and smollm2, float32 and bfloat16 (smollm2 also on prompts of 2,049-3,000 tokens),
+  and three other families (Qwen3's per-head q/k norms, Mistral's sliding window, Gemma 3's windowed
+  layers, sandwich norms and GELU gate on the layer-by-layer path; fixtures/families) in float32:
+  every request's token ids, logprob bits and
   text equal its solo run on an engine with another prefill chunk size (so chunk boundaries move),
   while the batched run sees mid-flight admissions, preemption by recompute and prefix-cache hits;
 - a digest of every output bit, for the matrix to compare across thread counts.
@@ -55,6 +57,7 @@ class EngineCase:
     requests: int
     max_prompt: int
     max_tokens: int
+    min_prompt: int = 1  # above 1: every prompt drawn from [min_prompt, max_prompt] (long contexts)
 
 
 FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
@@ -66,6 +69,8 @@ ENGINE_CASES = {
     "invariance.tiny_bf16": EngineCase("tiny", "bfloat16", 14, 600, 32),
     "invariance.smollm2_f32": EngineCase("smollm2", "float32", 6, 300, 12),
     "invariance.smollm2_bf16": EngineCase("smollm2", "bfloat16", 6, 300, 12),
+    # prompts beyond 2,048 tokens: keys in many spans, chunk boundaries inside them
+    "invariance.smollm2_long_f32": EngineCase("smollm2", "float32", 3, 3000, 6, min_prompt=2049),
 }
 
 
@@ -74,7 +79,9 @@ def draw_workload(rng: random.Random, vocab: int, case: EngineCase) -> list[Work
     arrivals over about 30 engine steps, from the one workload generator."""
     spec = WorkloadSpec(
         num_requests=case.requests,
-        input_len=LengthRange(1, rng.choice([16, case.max_prompt, case.max_prompt])),
+        input_len=LengthRange(case.min_prompt, case.max_prompt)
+        if case.min_prompt > 1
+        else LengthRange(1, rng.choice([16, case.max_prompt, case.max_prompt])),
         output_len=LengthRange(1, case.max_tokens),
         rate=case.requests / 30,
         seed=rng.randrange(2**31),
@@ -193,14 +200,20 @@ def _quantized_rows(rng: random.Random, gen: torch.Generator) -> list[str]:
 
 
 def _attention_rows(rng: random.Random, gen: torch.Generator, dtype: torch.dtype) -> list[str]:
-    """Decode rows of several requests beside one request's prefill chunk (up to 512 rows)."""
-    blocks, block, kv_heads, heads, d = 240, 16, 3, 9, 64
+    """Decode rows of several requests beside one request's prefill chunk (up to 512 rows); in some draws
+    long contexts (up to 4,800 positions: many spans of keys) and K held by dimension (engine/kv/cache.py)."""
+    block, kv_heads, heads, d = 16, 3, 9, 64
+    requests = rng.randint(2, 6)
+    per_request = rng.choice([40, 300])  # blocks a request's table holds: 640 or 4,800 positions
+    blocks = requests * per_request
     k_cache = torch.randn(blocks, kv_heads, block, d, generator=gen).to(dtype)
     v_cache = torch.randn(blocks, kv_heads, block, d, generator=gen).to(dtype)
-    requests = rng.randint(2, 6)
-    tables = torch.randperm(blocks, generator=gen)[: requests * 40].view(requests, 40)
-    decodes = [rng.randrange(640) for _ in range(requests - 1)]
-    chunk_start, chunk = rng.randrange(100), rng.choice([rng.randint(2, 64), 512])
+    if rng.random() < 0.5:  # the same values, stored [blocks, kv_heads, d, block]
+        k_cache = k_cache.transpose(2, 3).contiguous().transpose(2, 3)
+    tables = torch.randperm(blocks, generator=gen).view(requests, per_request)
+    decodes = [rng.randrange(per_request * block) for _ in range(requests - 1)]
+    chunk = rng.choice([rng.randint(2, 64), 512])
+    chunk_start = rng.randrange(per_request * block - chunk)
     positions = torch.tensor(decodes + list(range(chunk_start, chunk_start + chunk)))
     owners = torch.tensor(list(range(requests - 1)) + [requests - 1] * chunk)
     q = torch.randn(len(positions), heads, d, generator=gen).to(dtype)
@@ -210,7 +223,7 @@ def _attention_rows(rng: random.Random, gen: torch.Generator, dtype: torch.dtype
         pick = torch.tensor([i])
         alone = kernels.attention(q[pick], k_cache, v_cache, tables, owners[pick], positions[pick], d**-0.5)
         if not torch.equal(alone, full[pick]):
-            wrong.append(f"attention {dtype} row {i}/{len(positions)}")
+            wrong.append(f"attention {dtype} row {i}/{len(positions)} at position {int(positions[i])}")
     return wrong
 
 

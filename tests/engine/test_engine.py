@@ -46,8 +46,10 @@ def test_paged_matches_reference_on_smollm2(smollm2_loaded) -> None:
 
 @pytest.mark.smollm2
 def test_smollm2_knows_paris(smollm2_llm: LLM) -> None:
+    # a prompt whose first token has a clear lead (1.4 in logprob over the next): "What is the capital of
+    # France?" starts "The" or "L'" 0.01-0.05 apart, a margin that any change of summation order may flip
     out = smollm2_llm.chat(
-        [{"role": "user", "content": "What is the capital of France?"}], SamplingParams(max_tokens=32)
+        [{"role": "user", "content": "Name the capital of France."}], SamplingParams(max_tokens=32)
     )
     assert "Paris" in out.text
     assert out.finish_reason == "stop"

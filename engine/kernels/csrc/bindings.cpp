@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "cache_layout.h"
 #include "decoder.h"
 #include "ops.h"
 #include "quantized_rows.h"
@@ -254,6 +255,7 @@ nxk::AttentionArgs<T, C> attention_args(const torch::Tensor& q, const torch::Ten
       window,
       static_cast<float>(softcap),
       out.data_ptr<float>(),
+      nxk::keys_by_dimension(k_cache),
   };
 }
 
@@ -262,7 +264,8 @@ nxk::AttentionArgs<T, C> attention_args(const torch::Tensor& q, const torch::Ten
 torch::Tensor attention(const std::string& isa, const torch::Tensor& q, const torch::Tensor& k_cache,
                         const torch::Tensor& v_cache, const torch::Tensor& tables, const torch::Tensor& owners,
                         const torch::Tensor& positions, double scale, int64_t window, double softcap) {
-  for (const auto* t : {&q, &k_cache, &v_cache, &tables, &owners, &positions}) check_cpu(*t, "attention input");
+  for (const auto* t : {&q, &v_cache, &tables, &owners, &positions}) check_cpu(*t, "attention input");
+  nxk::check_key_cache(k_cache);
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "attention shapes");
   const bool half_cache = q.scalar_type() == torch::kFloat32 && k_cache.scalar_type() == torch::kHalf;
   TORCH_CHECK((q.scalar_type() == k_cache.scalar_type() || half_cache) && k_cache.scalar_type() == v_cache.scalar_type(),
@@ -294,10 +297,11 @@ torch::Tensor attention(const std::string& isa, const torch::Tensor& q, const to
 
 // RoPE on qk [N, heads + kv_heads, d] float32 (query heads, then key heads) -> the rotated queries
 // [N, heads, d]; each row's rotated keys and its values v [N, kv_heads, d] written at its slot of the
-// caches [blocks, kv_heads, block, d] (float32 or float16, in place)
+// caches [blocks, kv_heads, block, d] (float32 or float16, in place; K in either layout, cache_layout.h)
 torch::Tensor rope(const std::string& isa, const torch::Tensor& qk, const torch::Tensor& v, const torch::Tensor& cos,
                    const torch::Tensor& sin, const torch::Tensor& slots, const torch::Tensor& k_cache, const torch::Tensor& v_cache) {
-  for (const auto* t : {&qk, &v, &cos, &sin, &slots, &k_cache, &v_cache}) check_cpu(*t, "rope input");
+  for (const auto* t : {&qk, &v, &cos, &sin, &slots, &v_cache}) check_cpu(*t, "rope input");
+  nxk::check_key_cache(k_cache);
   for (const auto* t : {&qk, &v, &cos, &sin})
     TORCH_CHECK(t->scalar_type() == torch::kFloat32, "qk, v, cos and sin must be float32");
   TORCH_CHECK(slots.scalar_type() == torch::kLong, "slots must be int64");
@@ -319,7 +323,7 @@ torch::Tensor rope(const std::string& isa, const torch::Tensor& qk, const torch:
     using C = std::remove_pointer_t<decltype(kc)>;
     const nxk::RopeRows<C> a{qk.data_ptr<float>(), (heads + kv_heads) * d, v.data_ptr<float>(), kv_heads * d,
                              cos.data_ptr<float>(), sin.data_ptr<float>(), slot, heads, kv_heads, d, block,
-                             q.data_ptr<float>(), kc, vc};
+                             q.data_ptr<float>(), kc, vc, nxk::keys_by_dimension(k_cache)};
     nxk::run_rope(t, a, rows, 1);
   };
   if (k_cache.scalar_type() == torch::kHalf) {

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "cache_layout.h"
 #include "ops.h"
 
 namespace nxk {
@@ -164,8 +165,9 @@ void DecoderStack::add_layer(const torch::Tensor& input_norm, const torch::Tenso
   check_float(input_norm, "input norm");
   check_float(post_norm, "post-attention norm");
   TORCH_CHECK(input_norm.numel() == hidden_ && post_norm.numel() == hidden_, "norm weights must be [hidden]");
+  check_key_cache(k_cache);
+  check_cpu(v_cache, "V cache");
   for (const auto* cache : {&k_cache, &v_cache}) {
-    check_cpu(*cache, "KV cache");
     TORCH_CHECK(cache->scalar_type() == torch::kFloat32 || cache->scalar_type() == torch::kHalf,
                 "KV caches must be float32 or float16");
   }
@@ -278,13 +280,14 @@ torch::Tensor DecoderStack::forward(const std::string& isa, const torch::Tensor&
     with_caches(layer, [&](auto* kc, auto* vc) {
       const auto k_view = kernel_view(kc);
       using C = std::remove_pointer_t<decltype(k_view)>;
+      const bool by_dimension = keys_by_dimension(layer.k_cache);
       const RopeRows<C> rope{qk_src, qk_stride, qkv_.data() + q_size + kv_size, qkv_n, cs, sn, slot, heads_,
-                             kv_heads_, d, block, q_.data(), k_view, kernel_view(vc)};
+                             kv_heads_, d, block, q_.data(), k_view, kernel_view(vc), by_dimension};
       run_rope(t, rope, rows, kRowGrain);
       const AttentionArgs<float, C> args{
           q_.data(), k_view, kernel_view(vc), tables.data_ptr<int64_t>(), tables.size(1), owners.data_ptr<int64_t>(),
           positions.data_ptr<int64_t>(), heads_, kv_heads_, d, block, static_cast<float>(scale_), window_, 0.0f,
-          attn_.data()};  // [N, heads * d] into attn_
+          attn_.data(), by_dimension};  // [N, heads * d] into attn_
       run_attention(t, args, live);
     });
     if (live == 0) continue;

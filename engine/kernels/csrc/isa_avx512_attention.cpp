@@ -1,11 +1,13 @@
-// Attention for the AVX-512 table: kernels.h's attention_items over the AVX2 vector struct (avx2_vec.h),
-// compiled here (32 registers), with its two passes over the keys 16 lanes wide. Every lane still runs
-// the 8-lane kernel's chain (each score's fma chain over head_dim, then hsum8; each output dimension's
-// fma chain over the keys, then / total), so the AVX2 and generic tables' bits; the cross-instruction-
-// set tests compare them. Half the fma and widening instructions of the 8-lane passes.
+// Attention for the AVX-512 table: attention.h's algorithm over the AVX2 vector struct (avx2_vec.h), its
+// three span passes 16 lanes wide: keys transposed 16 by 16 in registers, the scores of 16 keys per
+// vector, the values of 16 dimensions per vector. Every lane runs the chain the 8-lane passes run (one fma
+// chain per score over head_dim, one per output dimension over the keys), so the bits are the AVX2 and
+// generic tables'; the cross-instruction-set tests compare them.
 #if defined(__x86_64__) || defined(_M_X64)
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "vec.h"
 
@@ -18,6 +20,9 @@
 namespace nxk {
 namespace {
 
+constexpr int64_t kWide = 16;  // lanes of a 512-bit vector
+constexpr int64_t kValuesAhead = 16;  // keys the value pass prefetches ahead
+
 inline __m512 load_values(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load_values(const uint16_t* p) {  // bfloat16, exact
   const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -27,173 +32,231 @@ inline __m512 load_values(const Half* p) {  // float16, exact
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-constexpr int kWideValueAccumulators = 24;  // HP heads x N of the 32 registers (4 hold weights and values)
+// r[i] = column i of the 16 x 16 matrix whose row j is r[j] (lane i of r[j])
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+    r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+  }
+  // r[4a + b] now holds, in each 128-bit lane L, rows 4L' .. of columns: lane group L of rows 4a..4a+3,
+  // column b (for the rows' 128-bit lane L); gather lane groups across the four row quads
+  for (int b = 0; b < 4; ++b) {
+    const __m512 x0 = _mm512_shuffle_f32x4(r[b], r[4 + b], 0x88), x1 = _mm512_shuffle_f32x4(r[b], r[4 + b], 0xDD);
+    const __m512 x2 = _mm512_shuffle_f32x4(r[8 + b], r[12 + b], 0x88), x3 = _mm512_shuffle_f32x4(r[8 + b], r[12 + b], 0xDD);
+    t[b] = _mm512_shuffle_f32x4(x0, x2, 0x88);       // columns b (lane group 0)
+    t[4 + b] = _mm512_shuffle_f32x4(x1, x3, 0x88);   // lane group 1
+    t[8 + b] = _mm512_shuffle_f32x4(x0, x2, 0xDD);   // lane group 2
+    t[12 + b] = _mm512_shuffle_f32x4(x1, x3, 0xDD);  // lane group 3
+  }
+  for (int i = 0; i < 16; ++i) r[i] = t[i];
+}
 
-// kernels.h's weighted_values over 16-lane vectors: lane i of vector t is output dimension 16 t + i, and
-// its chain (fma of each key's weight and value in key order, then / total) is the 8-lane kernel's.
+// QB query vectors' scores against KB vectors of 16 keys: score_block's chains, 16 lanes a vector
+template <int QB, int KB>
+[[gnu::noinline]] void wide_score_block(const float* qf, int64_t d, const float* kt, int64_t kt_stride, float scale, float* sc,
+                      int64_t sc_stride) {
+  __m512 acc[QB][KB];
+  for (int i = 0; i < QB; ++i)
+    for (int b = 0; b < KB; ++b) acc[i][b] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < d; ++c) {
+    __m512 k[KB];
+    for (int b = 0; b < KB; ++b) k[b] = _mm512_loadu_ps(kt + c * kt_stride + b * kWide);
+    for (int i = 0; i < QB; ++i) {
+      const __m512 qv = _mm512_set1_ps(qf[i * d + c]);
+      for (int b = 0; b < KB; ++b) acc[i][b] = _mm512_fmadd_ps(qv, k[b], acc[i][b]);
+    }
+  }
+  const __m512 s = _mm512_set1_ps(scale);
+  for (int i = 0; i < QB; ++i)
+    for (int b = 0; b < KB; ++b) _mm512_storeu_ps(sc + i * sc_stride + b * kWide, _mm512_mul_ps(acc[i][b], s));
+}
+
+// span_values 16 lanes a vector (lane i of vector t is output dimension 16 t + i)
 template <class C, int HP, int N>
-void wide_values(const float* p, int64_t p_stride, const int64_t* key_at, int64_t L, const C* v, const float* total,
-                 float* out, int64_t out_stride) {
-  __m512 acc[HP][N];
+[[gnu::noinline]] void wide_span_values(const float* p, int64_t p_stride, const int64_t* key_at, int64_t L, const C* v,
+                      const float* alpha, float* acc, int64_t acc_stride) {
+  __m512 a[HP][N];
   for (int h = 0; h < HP; ++h)
-    for (int t = 0; t < N; ++t) acc[h][t] = _mm512_setzero_ps();
+    for (int t = 0; t < N; ++t)
+      a[h][t] = _mm512_mul_ps(_mm512_loadu_ps(acc + h * acc_stride + t * kWide), _mm512_set1_ps(alpha[h]));
   for (int64_t j = 0; j < L; ++j) {
     const C* vp = v + key_at[j];
+    if (j + kValuesAhead < L)  // the V row kValuesAhead keys on into L1 (a decode row's come from L2 or memory)
+      for (int t = 0; t < N; t += 64 / (kWide * static_cast<int>(sizeof(C))))
+        __builtin_prefetch(v + key_at[j + kValuesAhead] + t * kWide, 0, 3);
     __m512 pj[HP];
     for (int h = 0; h < HP; ++h) pj[h] = _mm512_set1_ps(p[h * p_stride + j]);
     for (int t = 0; t < N; ++t) {
-      const __m512 vt = load_values(vp + t * kPanel);
-      for (int h = 0; h < HP; ++h) acc[h][t] = _mm512_fmadd_ps(pj[h], vt, acc[h][t]);
+      const __m512 vt = load_values(vp + t * kWide);
+      for (int h = 0; h < HP; ++h) a[h][t] = _mm512_fmadd_ps(pj[h], vt, a[h][t]);
     }
   }
   for (int h = 0; h < HP; ++h)
-    for (int t = 0; t < N; ++t)
-      _mm512_storeu_ps(out + h * out_stride + t * kPanel, _mm512_div_ps(acc[h][t], _mm512_set1_ps(total[h])));
+    for (int t = 0; t < N; ++t) _mm512_storeu_ps(acc + h * acc_stride + t * kWide, a[h][t]);
 }
 
-// wide_values for two rows of one request (a prefill chunk's neighbours: the second sees the first's
-// L0 keys and one more): each V vector loaded once for both rows' HP heads over the shared keys, then
-// the second row's last key alone; each row's chains are wide_values' for that row alone
-template <class C, int HP, int N>
-void wide_values_pair(const float* p0, int64_t p0_stride, const float* p1, int64_t p1_stride, const int64_t* key_at,
-                      int64_t L0, const C* v, const float* total0, const float* total1, float* out0, float* out1,
-                      int64_t out_stride) {
-  __m512 acc0[HP][N], acc1[HP][N];
-  for (int h = 0; h < HP; ++h)
-    for (int t = 0; t < N; ++t) acc0[h][t] = acc1[h][t] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < L0; ++j) {
-    const C* vp = v + key_at[j];
-    __m512 pj0[HP], pj1[HP];
-    for (int h = 0; h < HP; ++h) {
-      pj0[h] = _mm512_set1_ps(p0[h * p0_stride + j]);
-      pj1[h] = _mm512_set1_ps(p1[h * p1_stride + j]);
-    }
-    for (int t = 0; t < N; ++t) {
-      const __m512 vt = load_values(vp + t * kPanel);
-      for (int h = 0; h < HP; ++h) {
-        acc0[h][t] = _mm512_fmadd_ps(pj0[h], vt, acc0[h][t]);
-        acc1[h][t] = _mm512_fmadd_ps(pj1[h], vt, acc1[h][t]);
-      }
+// vexp's operations 16 lanes wide, each as Avx2Vec computes it in every lane
+struct Avx512Vec {
+  using V = __m512;
+  static V set1(float a) { return _mm512_set1_ps(a); }
+  static V zero() { return _mm512_setzero_ps(); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V max(V a, V b) { return _mm512_max_ps(a, b); }
+  static V min(V a, V b) { return _mm512_min_ps(a, b); }
+  static V round_even(V a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static V scale_pow2(V a, V n) {
+    const __m512i shift = _mm512_slli_epi32(_mm512_cvtps_epi32(n), 23);
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), shift));
+  }
+  static V zero_below(V a, V x, float bound) {
+    return _mm512_mask_mov_ps(a, _mm512_cmp_ps_mask(x, _mm512_set1_ps(bound), _CMP_LT_OQ), _mm512_setzero_ps());
+  }
+};
+
+// direct_score_block 16 lanes a vector: one block's 16 keys read in place, by dimension. The three
+// inner kernels are functions of their own (noinline): inlined into the item's loop, the compiler kept
+// their pointers on the stack, and each load waited on a store of its address.
+template <int QB, int KB, class C>
+[[gnu::noinline]] void wide_direct_score_block(const float* qf, int64_t d, const C* const* k, int64_t step, float scale,
+                                               float* const* sc, int64_t sc_stride) {
+  __m512 acc[QB][KB];  // KB keys' vectors side by side: QB x KB chains in flight (three alone wait on fma latency)
+  for (int i = 0; i < QB; ++i)
+    for (int b = 0; b < KB; ++b) acc[i][b] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < d; ++c) {
+    __m512 kv[KB];
+    for (int b = 0; b < KB; ++b) kv[b] = load_values(k[b] + c * step);
+    for (int i = 0; i < QB; ++i) {
+      const __m512 qv = _mm512_set1_ps(qf[i * d + c]);
+      for (int b = 0; b < KB; ++b) acc[i][b] = _mm512_fmadd_ps(qv, kv[b], acc[i][b]);
     }
   }
-  const C* vp = v + key_at[L0];  // the second row's own last key
-  for (int t = 0; t < N; ++t) {
-    const __m512 vt = load_values(vp + t * kPanel);
-    for (int h = 0; h < HP; ++h) acc1[h][t] = _mm512_fmadd_ps(_mm512_set1_ps(p1[h * p1_stride + L0]), vt, acc1[h][t]);
-  }
-  for (int h = 0; h < HP; ++h)
-    for (int t = 0; t < N; ++t) {
-      _mm512_storeu_ps(out0 + h * out_stride + t * kPanel, _mm512_div_ps(acc0[h][t], _mm512_set1_ps(total0[h])));
-      _mm512_storeu_ps(out1 + h * out_stride + t * kPanel, _mm512_div_ps(acc1[h][t], _mm512_set1_ps(total1[h])));
-    }
+  const __m512 s = _mm512_set1_ps(scale);
+  for (int i = 0; i < QB; ++i)
+    for (int b = 0; b < KB; ++b) _mm512_storeu_ps(sc[b] + i * sc_stride, _mm512_mul_ps(acc[i][b], s));
 }
 
-// Keys u and u + 4's 8-lane vectors at the same offset, side by side in one 16-lane register, widened
-// exactly as the 8-lane loads do
-inline __m512 key_pair(const float* a, const float* b) {
-  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(a))),
-                                             _mm256_castps_pd(_mm256_loadu_ps(b)), 1));
-}
-inline __m256i halves_pair(const void* a, const void* b) {  // 8 16-bit values from each
-  return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(static_cast<const __m128i*>(a))),
-                                 _mm_loadu_si128(static_cast<const __m128i*>(b)), 1);
-}
-inline __m512 key_pair(const uint16_t* a, const uint16_t* b) {  // bfloat16
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves_pair(a, b)), 16));
-}
-inline __m512 key_pair(const Half* a, const Half* b) { return _mm512_cvtph_ps(halves_pair(a, b)); }
+constexpr int kWideValueAccumulators = 24;  // HP heads x N of the 32 registers (4 hold weights and values)
 
-// kernels.h's passes 16 lanes wide (the AVX2 kernel's chains, so its bits):
-// - scores: kernels.h's key_dots with keys u and u + 4 side by side in one register (lanes 0-7 key u's
-//   chain, lanes 8-15 key u + 4's, each over head_dim in the same order): half the fma and widening
-//   instructions; the halves are handed back as the eight 8-lane vectors hsum8 reduces;
-// - values: lane i of vector t is output dimension 16 t + i; a head_dim that is not a multiple of 16
-//   takes the 8-lane pass.
 struct SixteenLanePasses {
-  static constexpr bool kPairRows = true;  // two rows' accumulators fit the 32 registers
+  static constexpr int64_t kKeyVector = kWide;
 
-  template <class O, class C, int HG>
-  static void scores(const float* q, int64_t d, const C* const* kp, __m256 (*dot)[kLanes]) {
-    constexpr int kPairs = kLanes / 2;
-    __m512 acc[HG][kPairs];
-    for (int h = 0; h < HG; ++h)
-      for (int i = 0; i < kPairs; ++i) acc[h][i] = _mm512_setzero_ps();
-    for (int64_t c = 0; c < d; c += kLanes) {
-      __m512 key[kPairs];
-      for (int i = 0; i < kPairs; ++i) key[i] = key_pair(kp[i] + c, kp[i + kPairs] + c);
-      for (int h = 0; h < HG; ++h) {  // head h's 8 query values at c, in both halves (bits copied)
-        const __m512 qv = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(q + h * d + c))));
-        for (int i = 0; i < kPairs; ++i) acc[h][i] = _mm512_fmadd_ps(qv, key[i], acc[h][i]);
-      }
-    }
-    for (int h = 0; h < HG; ++h)
-      for (int i = 0; i < kPairs; ++i) {
-        dot[h][i] = _mm512_castps512_ps256(acc[h][i]);
-        dot[h][i + kPairs] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[h][i]), 1));
-      }
-  }
-
-  // scores for two rows' HG heads (q0, q1) over the same eight keys: each key pair loaded and widened
-  // once for both; each row's dots those of scores() for that row
-  template <class O, class C, int HG>
-  static void scores_pair(const float* q0, const float* q1, int64_t d, const C* const* kp, __m256 (*dot0)[kLanes],
-                          __m256 (*dot1)[kLanes]) {
-    constexpr int kPairs = kLanes / 2;
-    __m512 acc0[HG][kPairs], acc1[HG][kPairs];
-    for (int h = 0; h < HG; ++h)
-      for (int i = 0; i < kPairs; ++i) acc0[h][i] = acc1[h][i] = _mm512_setzero_ps();
-    for (int64_t c = 0; c < d; c += kLanes) {
-      __m512 key[kPairs];
-      for (int i = 0; i < kPairs; ++i) key[i] = key_pair(kp[i] + c, kp[i + kPairs] + c);
-      for (int h = 0; h < HG; ++h) {
-        const __m512 qv0 = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(q0 + h * d + c))));
-        const __m512 qv1 = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(q1 + h * d + c))));
-        for (int i = 0; i < kPairs; ++i) {
-          acc0[h][i] = _mm512_fmadd_ps(qv0, key[i], acc0[h][i]);
-          acc1[h][i] = _mm512_fmadd_ps(qv1, key[i], acc1[h][i]);
-        }
-      }
-    }
-    for (int h = 0; h < HG; ++h)
-      for (int i = 0; i < kPairs; ++i) {
-        dot0[h][i] = _mm512_castps512_ps256(acc0[h][i]);
-        dot0[h][i + kPairs] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc0[h][i]), 1));
-        dot1[h][i] = _mm512_castps512_ps256(acc1[h][i]);
-        dot1[h][i + kPairs] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc1[h][i]), 1));
-      }
-  }
-
-  // values for two rows of one request, the second seeing the first's L0 keys and one more: value_pieces
-  // of half the accumulators (the pair holds both rows'), each V load shared; a head_dim that is not a
-  // multiple of 16 runs each row's values() alone
+  // EightLanePasses::transpose 16 keys at a time: by row, 16 dimensions at a time transposed in registers
+  // (head_dim a multiple of 16); by dimension, a block's 16 keys at one dimension in one load
   template <class O, class C>
-  static void values_pair(int64_t group, int64_t d, const float* p0, int64_t p0_stride, const float* p1,
-                          int64_t p1_stride, const int64_t* key_at, int64_t L0, const C* v_cache, const float* totals0,
-                          const float* totals1, float* out0, float* out1) {
-    if (d % kPanel != 0) {
-      values<O, C>(group, d, p0, p0_stride, key_at, L0, v_cache, totals0, out0);
-      values<O, C>(group, d, p1, p1_stride, key_at, L0 + 1, v_cache, totals1, out1);
+  static void transpose(const C* cache, const int64_t* k_at, int64_t n, int64_t d, int64_t step, float* kt,
+                        int64_t stride) {
+    if (step > 1) {
+      for (int64_t i0 = 0; i0 < n; i0 += kWide) {
+        if (k_at[i0] < 0 || k_at[i0 + kWide - 1] != k_at[i0] + kWide - 1) {  // not one block's 16 keys
+          EightLanePasses::transpose<O>(cache, k_at + i0, kWide, d, step, kt + i0, stride);
+          continue;
+        }
+        for (int64_t c = 0; c < d; ++c) _mm512_storeu_ps(kt + c * stride + i0, load_values(cache + k_at[i0] + c * step));
+      }
       return;
     }
-    value_pieces<kWideValueAccumulators / 2>(
-        kPanel, group, d, p0, p0_stride, v_cache, totals0, out0,
-        [&](auto heads, auto vectors, const float* ph, const C* v, const float* tot, float* o) {
-          constexpr int HP = decltype(heads)::value, N = decltype(vectors)::value;
-          const int64_t h0 = tot - totals0;  // the piece's first head; its dimensions are o's offset in out0
-          wide_values_pair<C, HP, N>(ph, p0_stride, p1 + h0 * p1_stride, p1_stride, key_at, L0, v, tot, totals1 + h0, o,
-                                     out1 + (o - out0), d);
+    if (d % kWide != 0) return EightLanePasses::transpose<O>(cache, k_at, n, d, step, kt, stride);
+    for (int64_t i0 = 0; i0 < n; i0 += kWide)
+      for (int64_t c0 = 0; c0 < d; c0 += kWide) {
+        __m512 r[kWide];
+        for (int64_t i = 0; i < kWide; ++i)
+          r[i] = k_at[i0 + i] < 0 ? _mm512_setzero_ps() : load_values(cache + k_at[i0 + i] + c0);
+        transpose16(r);
+        for (int64_t c = 0; c < kWide; ++c) _mm512_storeu_ps(kt + (c0 + c) * stride + i0, r[c]);
+      }
+  }
+
+  // EightLanePasses::weights over 16-key vectors: the same max, exps and partial sums (lanes 0-7 of each
+  // vector the 8-lane pass's low sums, lanes 8-15 its high ones)
+  template <class O>
+  static void weights(float* sc, int64_t lo, int64_t hi, float& m, float& l, float& alpha) {
+    using W = Avx512Vec;
+    const int64_t a = mask_outside(sc, lo, hi), b = (hi + kTotalVector - 1) / kTotalVector * kTotalVector;
+    __m512 mv = W::set1(-std::numeric_limits<float>::infinity());
+    for (int64_t j = a; j < b; j += kWide) mv = W::max(W::load(sc + j), mv);
+    const float m_new = std::max(m, _mm512_reduce_max_ps(mv));  // exact whatever the order
+    alpha = m_new == m ? 1.0f : exp_one<O>(m - m_new);
+    const __m512 mn = W::set1(m_new);
+    __m512 total = W::zero();
+    for (int64_t j = a; j < b; j += kWide) {
+      const __m512 e = vexp<W>(W::sub(W::load(sc + j), mn));
+      W::store(sc + j, e);
+      total = W::add(total, e);
+    }
+    const __m256 folded = _mm256_add_ps(_mm512_castps512_ps256(total),
+                                        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(total), 1)));
+    l = std::fma(l, alpha, O::hsum(folded));
+    m = m_new;
+  }
+
+  // EightLanePasses::scores_in_place over 16-key vectors, up to four runs at a time
+  template <class O, class C>
+  static void scores_in_place(const float* qf, int64_t nq, int64_t d, const C* cache, const int64_t* k_at, int64_t n,
+                              int64_t step, float scale, float* kt, int64_t kt_stride, float* sc, int64_t sc_stride) {
+    constexpr int kQueries = 6, kRuns = 4;  // 24 accumulators
+    const C* runs[kRuns];
+    float* outs[kRuns];
+    int pending = 0;
+    const auto flush = [&] {
+      for (int64_t q0 = 0; q0 < nq; q0 += kQueries)
+        by_count<kQueries>(nq - q0, [&](auto queries) {
+          float* at[kRuns];
+          for (int b = 0; b < pending; ++b) at[b] = outs[b] + q0 * sc_stride;
+          by_count<kRuns>(pending, [&](auto keys) {
+            wide_direct_score_block<decltype(queries)::value, decltype(keys)::value>(qf + q0 * d, d, runs, step, scale,
+                                                                                    at, sc_stride);
+          });
         });
+      pending = 0;
+    };
+    for (int64_t u = 0; u < n; u += kWide) {
+      if (k_at[u] < 0 || k_at[u + kWide - 1] != k_at[u] + kWide - 1) {
+        transpose<O>(cache, k_at + u, kWide, d, step, kt + u, kt_stride);
+        scores<O>(qf, nq, d, kt + u, kt_stride, kWide, scale, sc + u, sc_stride);
+        continue;
+      }
+      runs[pending] = cache + k_at[u];
+      outs[pending++] = sc + u;
+      if (pending == kRuns) flush();
+    }
+    if (pending > 0) flush();
+  }
+
+  template <class O>
+  static void scores(const float* qf, int64_t nq, int64_t d, const float* kt, int64_t kt_stride, int64_t n, float scale,
+                     float* sc, int64_t sc_stride) {
+    constexpr int kQueries = 6, kKeys = 4;  // 24 accumulators, 4 keys and a query of the 32 registers
+    // keys outer: a block of keys' transposed values stays in L1 while every query takes its scores
+    for (int64_t j = 0; j < n; j += kKeys * kWide)
+      by_count<kKeys>((n - j) / kWide, [&](auto keys) {
+        for (int64_t q0 = 0; q0 < nq; q0 += kQueries)
+          by_count<kQueries>(nq - q0, [&](auto queries) {
+            wide_score_block<decltype(queries)::value, decltype(keys)::value>(qf + q0 * d, d, kt + j, kt_stride, scale,
+                                                                           sc + q0 * sc_stride + j, sc_stride);
+          });
+      });
   }
 
   template <class O, class C>
   static void values(int64_t group, int64_t d, const float* p, int64_t p_stride, const int64_t* key_at, int64_t L,
-                     const C* v_cache, const float* totals, float* out) {
-    if (d % kPanel != 0) return EightLanePasses::values<O, C>(group, d, p, p_stride, key_at, L, v_cache, totals, out);
+                     const C* v_cache, const float* alpha, float* acc) {
+    if (d % kWide != 0) return EightLanePasses::values<O, C>(group, d, p, p_stride, key_at, L, v_cache, alpha, acc);
     value_pieces<kWideValueAccumulators>(
-        kPanel, group, d, p, p_stride, v_cache, totals, out,
-        [&](auto heads, auto vectors, const float* ph, const C* v, const float* tot, float* o) {
-          constexpr int HP = decltype(heads)::value, N = decltype(vectors)::value;
-          wide_values<C, HP, N>(ph, p_stride, key_at, L, v, tot, o, d);
+        kWide, group, d, p, p_stride, v_cache, alpha, acc,
+        [&](auto heads, auto vectors, const float* ph, const C* v, const float* al, float* o) {
+          wide_span_values<C, decltype(heads)::value, decltype(vectors)::value>(ph, p_stride, key_at, L, v, al, o, d);
         });
   }
 };

@@ -154,31 +154,27 @@ void run_rope(const KernelTable& t, const RopeRows<C>& a, int64_t rows, int64_t 
   });
 }
 
-// attention for every (query row, KV head) item of ``a``. Items cost what their row's keys cost (a
-// prefill chunk's first rows see few keys, a long conversation's decode row many), so equal shares of
-// items are unequal shares of work: each thread takes the next few items from a shared counter until
-// none are left. Every item is computed alone whichever thread takes it, so the split never changes
-// a bit.
+// attention for every (tile, KV head) item of ``a`` (attention.h). Items cost what their rows' keys cost
+// (a prefill chunk's first tile sees few keys, a long conversation's decode row many), so each thread
+// takes the next few items from a shared counter until none are left. Every row's bits are its own whichever
+// tile holds it and whichever thread runs it, so the split never changes a bit.
 template <class T, class C>
 void run_attention(const KernelTable& t, const AttentionArgs<T, C>& a, int64_t rows) {
-  const int64_t items = rows * a.kv_heads;
+  const std::vector<AttentionTile> tiles = attention_tiles(a, rows);
+  const int64_t items = static_cast<int64_t>(tiles.size()) * a.kv_heads;
   if (items == 0) return;
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
-  // whole rows, about 16 claims a thread (a short tail); within a claim the kernel reads the next
-  // item's keys ahead, and a row's KV heads sit side by side in each cache block
-  const int64_t chunk = a.kv_heads * std::max<int64_t>(1, rows / (threads * 16));
+  // whole tiles, about 16 claims a thread (a short tail): a decode step's row takes its KV heads in order
+  const int64_t claim = a.kv_heads * std::max<int64_t>(1, static_cast<int64_t>(tiles.size()) / (threads * 16));
   std::atomic<int64_t> next{0};
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    for (int64_t b = next.fetch_add(chunk); b < items; b = next.fetch_add(chunk)) {
-      const int64_t e = std::min(items, b + chunk);
-      if constexpr (std::is_same_v<C, Half>) {
-        static_assert(std::is_same_v<T, float>, "a float16 cache is read under float32 queries");
-        t.attention_f32_f16(a, b, e);
-      } else if constexpr (std::is_same_v<T, float>) {
-        t.attention_f32(a, b, e);
-      } else {
-        t.attention_bf16(a, b, e);
-      }
+    if constexpr (std::is_same_v<C, Half>) {
+      static_assert(std::is_same_v<T, float>, "a float16 cache is read under float32 queries");
+      t.attention_f32_f16(a, tiles.data(), items, claim, &next);
+    } else if constexpr (std::is_same_v<T, float>) {
+      t.attention_f32(a, tiles.data(), items, claim, &next);
+    } else {
+      t.attention_bf16(a, tiles.data(), items, claim, &next);
     }
   });
 }

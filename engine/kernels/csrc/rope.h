@@ -27,8 +27,9 @@ struct RopeRows {
   const int64_t* slots;   // [N]: each row's cache slot (block * block size + offset)
   int64_t heads, kv_heads, d, block;
   float* q_out;           // [N, heads, d]: the rotated queries
-  C* k_cache;             // [blocks, kv_heads, block, d]
+  C* k_cache;             // [blocks, kv_heads, block, d], or [blocks, kv_heads, d, block] by dimension
   C* v_cache;             // [blocks, kv_heads, block, d]
+  bool keys_by_dimension = false;  // the K cache's layout (cache_layout.h)
 };
 
 // out[i] = x[i] cos[i] - x[i + d/2] sin[i] for i < d/2, x[i] cos[i] + x[i - d/2] sin[i] after; in lanes
@@ -73,9 +74,15 @@ void rope_rows(const RopeRows<C>& a, int64_t begin, int64_t end) {
     for (int64_t h = 0; h < a.heads; ++h) rotate_half<O>(src + h * d, cos, sin, d, a.q_out + (r * a.heads + h) * d);
     const int64_t block = a.slots[r] / a.block, offset = a.slots[r] % a.block;
     for (int64_t g = 0; g < a.kv_heads; ++g) {
-      const int64_t at = ((block * a.kv_heads + g) * a.block + offset) * d;  // [blocks, kv_heads, block, d]
+      const int64_t head_block = (block * a.kv_heads + g) * a.block * d, at = head_block + offset * d;
       rotate_half<O>(src + (a.heads + g) * d, cos, sin, d, key);
-      store_cache_row<O>(a.k_cache + at, key, d);
+      if (a.keys_by_dimension) {  // value c at head_block + c * block + offset, each rounded as by row
+        C row[kMaxHeadDim];
+        store_cache_row<O>(row, key, d);
+        for (int64_t c = 0; c < d; ++c) a.k_cache[head_block + c * a.block + offset] = row[c];
+      } else {
+        store_cache_row<O>(a.k_cache + at, key, d);
+      }
       store_cache_row<O>(a.v_cache + at, a.v + r * a.v_stride + g * d, d);
     }
   }

@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "attention.h"
 #include "kernels.h"
 #include "qdot.h"
 #include "quantized.h"
@@ -19,9 +20,12 @@ struct KernelTable {
   void (*linear_f32)(const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, int64_t);
   void (*linear_bf16)(const float*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t, int64_t);
   void (*linear_f16)(const float*, int64_t, int64_t, const Half*, int64_t, float*, int64_t, int64_t);
-  void (*attention_f32)(const AttentionArgs<float>&, int64_t, int64_t);
-  void (*attention_bf16)(const AttentionArgs<uint16_t>&, int64_t, int64_t);
-  void (*attention_f32_f16)(const AttentionArgs<float, Half>&, int64_t, int64_t);  // float16 cache
+  // attention (attention.h): the items (tile, KV head) a shared counter hands out, so many a claim; one call a thread
+  template <class T, class C = T>
+  using Attention = void (*)(const AttentionArgs<T, C>&, const AttentionTile*, int64_t, int64_t, std::atomic<int64_t>*);
+  Attention<float> attention_f32;
+  Attention<uint16_t> attention_bf16;
+  Attention<float, Half> attention_f32_f16;  // float16 cache
   void (*rms_norm_f32)(const float*, int64_t, float, float*, int64_t, int64_t);
   void (*rms_norm_bf16)(const uint16_t*, int64_t, float, float*, int64_t, int64_t);
   void (*softmax)(const float*, int64_t, bool, float*, int64_t, int64_t);
