@@ -14,7 +14,8 @@ from nxctl.server.app import create_app
 from nxctl.server.settings import SeatSettings
 from nxctl.server.uvicorn_seat import BackgroundSeat
 
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+# a question whose first token has a clear lead (see tests/engine/test_engine.py's Paris test)
+QUESTION = [{"role": "user", "content": "Name the capital of France."}]
 
 
 @pytest.mark.smollm2
