@@ -204,6 +204,8 @@ class Generation:
             self._record_left(self.timeline)
         for index in list(self._open):
             self.model.loop.abort(self._ids[index])
+        if self.metrics is not None and self._open:
+            self.metrics.observe_left(self.model.name, len(self._open))
         self._open.clear()
 
     def _record_left(self, timeline: RequestTimeline) -> None:

@@ -50,6 +50,9 @@ def test_metrics_say_idle_once_a_disconnected_request_is_aborted(seat) -> None:
         return [m for m in httpx.get(seat.url + "/metrics").text.splitlines() if m.startswith(names)]
 
     assert wait_until(lambda: all(g.endswith(" 0.0") for g in gauges())), gauges()
+    aborted = 'vllm:request_success_total{finished_reason="abort",model_name="tiny"} '
+    counted = [m for m in httpx.get(seat.url + "/metrics").text.splitlines() if m.startswith(aborted)]
+    assert counted and float(counted[0][len(aborted) :]) >= 1  # counted as vLLM counts an aborted request
 
 
 def test_a_waiting_client_that_disconnects_is_aborted_too(tmp_path: Path, tiny_settings) -> None:
