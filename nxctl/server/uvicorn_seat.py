@@ -86,6 +86,9 @@ class SeatServer(uvicorn.Server):
 # on a connection the seat was closing at that moment died as a ReadError / connection error with no
 # answer (the 30-minute soak lost 5 requests of 17811 so). Longer than any client's idle expiry.
 KEEP_ALIVE_S = 65
+# uvicorn's "auto" picks uvloop and httptools whenever they are importable, and the cluster extra (Ray
+# Serve) brings both: the seat names its own, so installing the extra does not change how it serves.
+LOOP, HTTP = "asyncio", "h11"
 
 
 def make_server(app: FastAPI, host: str, port: int, drain_timeout: float, on_ready=None) -> SeatServer:
@@ -96,6 +99,8 @@ def make_server(app: FastAPI, host: str, port: int, drain_timeout: float, on_rea
         port=port,
         log_level="warning",
         access_log=False,
+        loop=LOOP,
+        http=HTTP,
         timeout_keep_alive=KEEP_ALIVE_S,
         timeout_graceful_shutdown=int(GRACE_AFTER_ABORT_S),
         lifespan="on",
