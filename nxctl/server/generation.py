@@ -8,8 +8,9 @@ The jobs reach the loop when their outputs are first read, inside the code that 
 a response that is never read leaves no job running. The engine loop sends cumulative outputs; when a
 client reads slower than tokens come, the queued outputs of a job collapse into the newest one, so a
 slow reader never slows the batch. A job that ends in ``error`` or ``abort`` is a server-side failure
-(an APIError kept as a dead letter), a client that leaves stops the work (its jobs aborted), and the
-request's log line gets its prompt and completion tokens.
+(an APIError kept as a dead letter), a client that leaves stops the work (its jobs aborted, each counted
+in the metrics with the finish the engine gives it: ``abort``), and the request's log line gets its
+prompt and completion tokens.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -110,11 +111,13 @@ def check_queue(seat: Seat, model: SeatModel) -> None:
 
 
 class AsyncSink:
-    """The engine loop's Sink (bridge.py) for a Generation: feeds ``(index, output_or_exception)`` to an
-    asyncio queue on ``loop``, from the loop thread."""
+    """The engine loop's Sink (bridge.py) for a Generation: hands ``(index, output_or_exception)`` to
+    ``receive`` on ``loop``, from the loop thread."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, index: int = 0) -> None:
-        self._loop, self._queue, self._index = loop, queue, index
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, receive: Callable[[int, object], None], index: int = 0
+    ) -> None:
+        self._loop, self._receive, self._index = loop, receive, index
 
     def put(self, output: RequestOutput) -> None:
         self._send(output)
@@ -124,7 +127,7 @@ class AsyncSink:
 
     def _send(self, item: object) -> None:
         try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, (self._index, item))
+            self._loop.call_soon_threadsafe(self._receive, self._index, item)
         except RuntimeError:  # the event loop is closed: nobody is listening any more
             pass
 
@@ -149,6 +152,7 @@ class Generation:
         self._queue: asyncio.Queue = asyncio.Queue()
         self._ids: list[str] = []
         self._open: set[int] = set()
+        self._left = False  # the reader stopped early: what the aborted jobs still send is only counted
 
     def _start(self) -> None:
         """Submit every job to the model's engine loop (mutates the loop's inbox); 503 if it stops."""
@@ -156,7 +160,7 @@ class Generation:
         if self.timeline is not None:
             self.timeline.submitted = time.perf_counter()
         for index, job in enumerate(self.jobs):
-            sink = AsyncSink(loop, self._queue, index)
+            sink = AsyncSink(loop, self._receive, index)
             rid = f"{self.request_id}-{index}"
             try:
                 self.model.loop.submit(job.prompt_ids, job.params, sink, rid, self.tenant)
@@ -176,6 +180,14 @@ class Generation:
                     yield index, out
         finally:
             self.abort()
+
+    def _receive(self, index: int, item: object) -> None:
+        """On the event loop: an output for the reader; once the reader has left, a job's final output
+        (the engine's ``abort``, or the end it reached first) is counted in the metrics instead."""
+        if not self._left:
+            self._queue.put_nowait((index, item))
+        elif isinstance(item, RequestOutput) and item.finished and self.metrics is not None:
+            self.metrics.observe_request(self.model.name, item, self.arrival)
 
     async def _next(self) -> list[tuple[int, RequestOutput]]:
         """Wait for outputs; the newest of each open job among all that have queued, in job order."""
@@ -199,21 +211,28 @@ class Generation:
         return sorted(latest.items())
 
     def abort(self) -> None:
-        """Abort every job that has not finished (idempotent; thread-safe through the loop's inbox)."""
-        if self.timeline is not None and self._open:
-            self._record_left(self.timeline)
-        for index in list(self._open):
+        """Abort every job that has not finished (idempotent; thread-safe through the loop's inbox); what
+        they still send is counted in the metrics (``_receive``), the outputs already queued included."""
+        if not self._open:
+            return
+        queued = []
+        while not self._queue.empty():
+            queued.append(self._queue.get_nowait())
+        if self.timeline is not None:
+            self._record_left(self.timeline, queued)
+        for index in self._open:
             self.model.loop.abort(self._ids[index])
-        if self.metrics is not None and self._open:
-            self.metrics.observe_left(self.model.name, len(self._open))
+        self._left = True
+        for index, item in queued:
+            if index in self._open:
+                self._receive(index, item)
         self._open.clear()
 
-    def _record_left(self, timeline: RequestTimeline) -> None:
-        """On the timeline (from the event loop): the open jobs' newest outputs, those queued unread
+    def _record_left(self, timeline: RequestTimeline, queued: list[tuple[int, object]]) -> None:
+        """On the timeline (from the event loop): the open jobs' newest outputs, those ``queued`` unread
         included, and that they were left now."""
-        while not self._queue.empty():
-            index, item = self._queue.get_nowait()
-            if index in self._open and not isinstance(item, BaseException):
+        for index, item in queued:
+            if index in self._open and isinstance(item, RequestOutput):
                 timeline.saw(index, item)
         now = time.perf_counter()
         for index in self._open:

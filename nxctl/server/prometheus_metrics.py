@@ -163,11 +163,6 @@ class SeatMetrics:
         if out.finish_time is not None:
             self.e2e.labels(model).observe(max(out.finish_time - arrival, 0.0))
 
-    def observe_left(self, model: str, jobs: int) -> None:
-        """``jobs`` engine requests aborted because their reader left (a client that disconnected):
-        counted as vLLM counts aborted requests, finished_reason ``abort``."""
-        self.success.labels(model, "abort").inc(jobs)
-
     def observe_event(self, event: str, model: str) -> None:
         """Host events: ``load`` or ``evict:<reason>``; an unloaded model's gauges drop to zero."""
         if event == "load":
