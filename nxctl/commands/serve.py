@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import ipaddress
-import logging
 import os
 import socket
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from engine.errors import InvalidRequestError
+from engine.errors import InvalidRequestError, NxError
 from engine.settings import EngineSettings
 from nxctl.commands.common import fail
 from nxctl.commands.engine_options import EngineFlags, with_engine_options
-from nxctl.server.settings import DEFAULT_PORT, SeatSettings, parse_duration
+from nxctl.server.settings import DEFAULT_PORT, LOCAL_RAY, ClusterSettings, SeatSettings, parse_duration
+
+RAY_HELP = (
+    "Serve on Ray Serve: replicas behind one endpoint, on a local Ray instance of the seat's own unless "
+    "--ray-address names a running cluster (ray start --head). Needs the cluster extra."
+)
 
 
 def build_settings(
@@ -39,10 +42,14 @@ def build_settings(
     quiet: bool = False,
     cors_origins: tuple[str, ...] = (),
     faults: tuple[str, ...] = (),
+    ray: str | None = None,
+    replicas: int | None = None,
+    threads: int | None = None,
 ) -> SeatSettings:
     """The seat's settings from the command's options (defaults: smollm2, unless a registry is given;
     ``engine``: the --model models' engine settings, and under a registry the defaults beneath what its
-    entries and [defaults] set)."""
+    entries and [defaults] set; ``ray``: serve on Ray Serve (an address, or LOCAL_RAY), ``replicas`` and
+    ``threads`` per replica there)."""
     chosen = tuple(models) if models else (() if registry is not None else ("smollm2",))
     return SeatSettings(
         models=chosen,
@@ -64,6 +71,18 @@ def build_settings(
         log_requests=not quiet,
         cors_origins=cors_origins,
         faults=faults,
+        cluster=cluster_settings(ray, replicas, threads),
+    )
+
+
+def cluster_settings(ray: str | None, replicas: int | None, threads: int | None) -> ClusterSettings | None:
+    """``--ray``'s settings (None without it; ``--replicas`` needs it)."""
+    if ray is None:
+        if replicas is not None:
+            raise InvalidRequestError("--replicas needs --ray")
+        return None
+    return ClusterSettings(
+        address=ray, replicas=1 if replicas is None else replicas, threads=1 if threads is None else threads
     )
 
 
@@ -91,18 +110,13 @@ def listen(host: str, port: int) -> socket.socket:
 
 def run_seat(settings: SeatSettings, threads: int | None = None) -> None:
     """Load the models, serve until SIGINT / SIGTERM, drain, stop (glue over nxctl.server)."""
-    from engine.memory import limit_malloc_arenas, settle_long_running_process
+    from engine.memory import settle_long_running_process
     from nxctl.server.app import create_app, preload_models
+    from nxctl.server.process import prepare_seat_process
     from nxctl.server.tracing import provider_from_env, traces_endpoint
     from nxctl.server.uvicorn_seat import make_server
 
-    limit_malloc_arenas()  # before the seat's threads start: each would get an arena of its own
-    logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(message)s")
-    logging.getLogger("nxctl.serve").setLevel(logging.INFO)
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)  # once for the process: every engine loop shares these cores
+    prepare_seat_process(threads)
     if not is_loopback(settings.host):
         typer.echo(f"nxctl serve: warning: listening on {settings.host}, beyond this machine", err=True)
     sock = listen(settings.host, settings.port)
@@ -172,7 +186,10 @@ def serve(
     ] = None,
     device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
     threads: Annotated[
-        int | None, typer.Option("--threads", help="Torch threads for the whole process.")
+        int | None,
+        typer.Option(
+            "--threads", help="Torch threads for the whole process (with --ray: per replica, default 1)."
+        ),
     ] = None,
     default_max_tokens: Annotated[
         int, typer.Option("--default-max-tokens", help="Tokens when a request sets no limit.")
@@ -188,6 +205,18 @@ def serve(
             "--cors-origin",
             help="Answer this browser origin with CORS headers (repeatable; none by default: no CORS headers).",
         ),
+    ] = None,
+    ray: Annotated[bool, typer.Option("--ray", help=RAY_HELP)] = False,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray-address",
+            metavar="ADDRESS",
+            help="Join this running Ray cluster instead ('auto' or HOST:PORT; implies --ray).",
+        ),
+    ] = None,
+    replicas: Annotated[
+        int | None, typer.Option("--replicas", help="With --ray: seats behind the endpoint (default 1).")
     ] = None,
     fault: Annotated[
         list[str] | None,
@@ -218,7 +247,15 @@ def serve(
             quiet=quiet,
             cors_origins=tuple(cors_origin or ()),
             faults=tuple(fault or ()),
+            ray=ray_address or (LOCAL_RAY if ray else None),
+            replicas=replicas,
+            threads=threads,
         )
-    except InvalidRequestError as exc:
+        if settings.cluster is not None:
+            from nxctl.commands.serve_ray import run_ray_seat
+
+            run_ray_seat(settings)
+            return
+    except NxError as exc:  # bad options, an unknown model, Ray refusing: one line
         fail(str(exc))
     run_seat(settings, threads)

@@ -45,6 +45,41 @@ def parse_duration(value: str | float | int) -> float | None:
     return None if seconds < 0 else seconds
 
 
+LOCAL_RAY = "local"  # `--ray` without an address: a Ray instance of our own on this machine
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """The seat on Ray Serve (`nxctl serve --ray`): where Ray runs and how many replicas serve.
+
+    ``address``: ``LOCAL_RAY`` starts a Ray instance on this machine for the seat's life (loopback only,
+    no dashboard, no usage stats, an object store of ``object_store_mb``); ``auto`` or ``HOST:PORT`` joins
+    a running cluster (``ray start --head``). ``replicas``: seats behind the one endpoint, each with its
+    own engine loops, residency pool and budget; ``threads``: torch threads per replica, and the CPUs Ray
+    reserves for each (``num_cpus``)."""
+
+    address: str = LOCAL_RAY
+    replicas: int = 1
+    threads: int = 1
+    object_store_mb: int = 100
+
+    def __post_init__(self) -> None:
+        checks = {
+            "ray address": bool(self.address.strip()) and not self.address.startswith("-"),
+            "replicas": self.replicas >= 1,
+            "threads": self.threads >= 1,
+            "object_store_mb": self.object_store_mb >= 80,  # Ray's floor is 75 MiB
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            raise InvalidRequestError(f"invalid --ray setting(s): {', '.join(bad)}")
+
+    @property
+    def local(self) -> bool:
+        """Whether the seat starts (and stops) a Ray instance of its own."""
+        return self.address == LOCAL_RAY
+
+
 @dataclass(frozen=True)
 class SeatSettings:
     """The seat's options. ``models`` are preloaded; ``registry`` (a mux TOML) adds models loaded on demand.
@@ -55,7 +90,8 @@ class SeatSettings:
     ``--model`` models, and those a registry entry takes where neither it nor its file's [defaults] sets
     them (engine.mux.registry.load_registry). ``cors_origins``: the browser origins
     answered with CORS headers (none by default: no CORS header at all). ``faults``: documented fault
-    hooks (nxctl/server/faults.py), for negative controls only.
+    hooks (nxctl/server/faults.py), for negative controls only. ``cluster``: serve on Ray Serve
+    (None: one process, no Ray).
     """
 
     models: tuple[str, ...] = ("smollm2",)
@@ -79,6 +115,7 @@ class SeatSettings:
     log_requests: bool = True
     cors_origins: tuple[str, ...] = ()
     faults: tuple[str, ...] = ()  # testing only: nxctl/server/faults.py
+    cluster: ClusterSettings | None = None
 
     def __post_init__(self) -> None:
         checks = {

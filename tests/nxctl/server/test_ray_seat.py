@@ -1,0 +1,223 @@
+"""The seat on Ray Serve, as a user runs it: `nxctl serve --ray --replicas 2 --threads 1 --model tiny`
+as a process (one local Ray instance for the module, on loopback), driven over HTTP with the official
+openai and ollama clients. Both APIs, /health and /metrics through the ingress; answers equal a single
+seat's bit for bit; requests reach both replicas; a client that disconnects, streamed or not, has its
+request aborted on its replica (which also shows the stream reached it before the generation ended);
+bad input is JSON 4xx; SIGTERM stops every Ray process and exits 0."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import ollama
+import openai
+import psutil
+import pytest
+
+from nxctl.server.app import create_app
+from nxctl.server.settings import SeatSettings
+from nxctl.server.uvicorn_seat import BackgroundSeat, free_socket
+from tests.waiting import wait_until
+
+pytest.importorskip("ray.serve")
+pytestmark = pytest.mark.ray
+
+REPLICA = "x-nxctl-replica"
+USER = [{"role": "user", "content": "Say something about clusters."}]
+START_TIMEOUT_S = 180
+
+
+@dataclass
+class RaySeatProcess:
+    url: str
+    proc: subprocess.Popen[str]
+    ray_processes: list[psutil.Process]
+
+
+def start(tmp: Path) -> tuple[subprocess.Popen[str], str]:
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    args = ["--ray", "--replicas", "2", "--threads", "1", "--model", "tiny", "--port", str(port)]
+    args += ["--dlq", str(tmp / "dlq.sqlite"), "--keep-alive", "-1", "--quiet", "--drain-timeout", "2"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nxctl.cli", "serve", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,  # a stray Ray process of ours can be told from anyone else's
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    ready = f"ready at http://127.0.0.1:{port}"
+    if not wait_until(lambda: any(ready in ln for ln in lines) or proc.poll() is not None, START_TIMEOUT_S):
+        proc.kill()
+    assert any(ready in ln for ln in lines), f"the Ray seat did not start: {lines}"
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def stop(seat: RaySeatProcess) -> None:
+    """SIGTERM: exit 0, and no Ray process of the seat's left (leftovers killed, then the test fails)."""
+    seat.proc.send_signal(signal.SIGTERM)
+    code = seat.proc.wait(120)
+    left = [p for p in seat.ray_processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    if left and not wait_until(lambda: not any(p.is_running() for p in left), 30):
+        for p in left:
+            p.kill()
+        pytest.fail(f"Ray processes outlived the seat: {[p.name() for p in left]}")
+    assert code == 0
+
+
+@pytest.fixture(scope="module")
+def ray_seat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RaySeatProcess]:
+    proc, url = start(tmp_path_factory.mktemp("ray-seat"))
+    seat = RaySeatProcess(url, proc, [])
+    try:
+        seat.ray_processes = psutil.Process(proc.pid).children(recursive=True)
+        yield seat
+    finally:
+        if proc.poll() is None:
+            stop(seat)
+        else:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def single_seat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The same model in one process, no Ray: the reference for bit-for-bit answers."""
+    tmp = tmp_path_factory.mktemp("single")
+    settings = SeatSettings(
+        models=("tiny",), dlq_path=tmp / "dlq.sqlite", log_requests=False, keep_alive_s=None
+    )
+    with BackgroundSeat(create_app(settings)) as url:
+        yield url
+
+
+def openai_client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_openai_answers_through_ray_equal_a_single_seats_bit_for_bit(ray_seat, single_seat) -> None:
+    def chat(url: str) -> tuple[str | None, list[tuple[str, float]]]:
+        reply = openai_client(url).chat.completions.create(
+            model="tiny", messages=USER, max_tokens=24, temperature=0, logprobs=True, top_logprobs=2
+        )
+        content = reply.choices[0].logprobs.content
+        return reply.choices[0].message.content, [(t.token, t.logprob) for t in content]
+
+    answer, logprobs = chat(ray_seat.url)
+    assert answer and len(logprobs) == 24
+    assert (answer, logprobs) == chat(single_seat)  # every logprob's float, exactly
+
+    stream = openai_client(ray_seat.url).chat.completions.create(
+        model="tiny", messages=USER, max_tokens=24, temperature=0, stream=True
+    )
+    deltas = [c.choices[0].delta.content or "" for c in stream if c.choices]
+    assert len([d for d in deltas if d]) > 1 and "".join(deltas) == answer
+    text = openai_client(ray_seat.url).completions.create(model="tiny", prompt="A cluster", max_tokens=12)
+    assert text.choices[0].text and text.choices[0].finish_reason == "length"
+
+
+def test_ollama_answers_through_ray_equal_a_single_seats(ray_seat, single_seat) -> None:
+    options = {"temperature": 0, "num_predict": 16}
+
+    def chat(url: str) -> str:
+        return ollama.Client(host=url).chat(model="tiny", messages=USER, options=options).message.content
+
+    answer = chat(ray_seat.url)
+    assert answer and answer == chat(single_seat)
+    parts = list(
+        ollama.Client(host=ray_seat.url).chat(model="tiny", messages=USER, options=options, stream=True)
+    )
+    assert parts[-1].done and "".join(p.message.content for p in parts) == answer
+    generated = ollama.Client(host=ray_seat.url).generate(model="tiny", prompt="A cluster", options=options)
+    assert generated.done and generated.response
+    assert [m.model for m in ollama.Client(host=ray_seat.url).list().models] == ["tiny:latest"]
+
+
+def test_health_metrics_and_both_replicas_behind_one_endpoint(ray_seat) -> None:
+    health = httpx.get(ray_seat.url + "/health", timeout=30)
+    assert health.json() == {"status": "ok", "models": ["tiny"], "serves": ["tiny"]}
+    metrics = httpx.get(ray_seat.url + "/metrics", timeout=30).text
+    assert 'vllm:num_requests_running{model_name="tiny"}' in metrics
+    body = {"model": "tiny", "messages": USER, "max_tokens": 200, "ignore_eos": True, "stream": True}
+
+    def replica_of_a_stream() -> str:
+        with httpx.stream("POST", ray_seat.url + "/v1/chat/completions", json=body, timeout=60) as r:
+            lines = [ln for ln in r.iter_lines() if ln]
+            assert lines[-1] == "data: [DONE]"
+            return r.headers[REPLICA]
+
+    replicas: list[str] = []
+    threads = [threading.Thread(target=lambda: replicas.append(replica_of_a_stream())) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(replicas) == 4 and len(set(replicas)) == 2  # in flight together: Ray spread them
+
+
+ABORTS = 'vllm:request_success_total{finished_reason="abort",model_name="tiny"} '
+
+
+def aborts_by_replica(url: str) -> dict[str, float]:
+    """Each replica's count of aborted requests (/metrics polled until both replicas have answered one:
+    Ray routes each poll to either)."""
+    seen: dict[str, float] = {}
+    for _ in range(200):
+        r = httpx.get(url + "/metrics", timeout=30)
+        lines = r.text.splitlines()
+        seen[r.headers[REPLICA]] = next(
+            (float(ln[len(ABORTS) :]) for ln in lines if ln.startswith(ABORTS)), 0.0
+        )
+        if len(seen) == 2:
+            break
+    assert len(seen) == 2, f"/metrics reached only {list(seen)}"
+    return seen
+
+
+def test_a_streaming_client_that_disconnects_is_aborted_on_its_replica(ray_seat) -> None:
+    """Aborted, not finished: so its first chunks reached the client before the generation ended
+    (streamed end to end through the proxy, not buffered)."""
+    before = aborts_by_replica(ray_seat.url)
+    body = {"model": "tiny", "messages": USER, "max_tokens": 900, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", ray_seat.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        replica = r.headers[REPLICA]
+        lines = r.iter_lines()
+        next(lines), next(lines), next(lines)
+
+    def aborted_there() -> bool:
+        return aborts_by_replica(ray_seat.url)[replica] == before[replica] + 1
+
+    assert wait_until(aborted_there, 30), "the replica did not abort the request"
+    after = aborts_by_replica(ray_seat.url)
+    assert sum(after.values()) == sum(before.values()) + 1  # on that replica alone
+
+
+def test_a_waiting_client_that_disconnects_is_aborted_too(ray_seat) -> None:
+    """Not streamed: four choices of 900 tokens (over a second here) and a client that stops waiting
+    after 0.3 s; its replica aborts all four."""
+    before = sum(aborts_by_replica(ray_seat.url).values())
+    body = {"model": "tiny", "messages": USER, "max_tokens": 900, "ignore_eos": True, "n": 4}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(ray_seat.url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(30, read=0.3))
+    assert wait_until(lambda: sum(aborts_by_replica(ray_seat.url).values()) == before + 4, 30), "not aborted"
+
+
+def test_bad_input_is_json_4xx_through_ray(ray_seat) -> None:
+    with pytest.raises(openai.NotFoundError, match="model 'nope' not found"):
+        openai_client(ray_seat.url).chat.completions.create(model="nope", messages=USER)
+    with pytest.raises(ollama.ResponseError) as err:
+        ollama.Client(host=ray_seat.url).chat(model="nope", messages=USER)
+    assert err.value.status_code == 404
+    r = httpx.post(ray_seat.url + "/v1/chat/completions", json={"model": "tiny", "messages": []}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
