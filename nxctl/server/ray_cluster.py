@@ -7,7 +7,8 @@
 
 A local instance (``--ray`` without an address) is this machine's only: usage stats off
 (RAY_USAGE_STATS_ENABLED=0, set before ray is imported), no dashboard, an object store of
-``object_store_mb``, the node on 127.0.0.1, as many CPUs as the replicas reserve. A cluster address
+``object_store_mb``, as many CPUs as the replicas reserve. Ray will not put a node on a loopback address
+(it swaps 127.0.0.1 for the machine's own), so its processes listen on the machine's address. A cluster address
 joins what ``ray start --head`` started; its CPUs must hold replicas x threads, or the seat refuses in one
 line rather than wait for room. Ray's own errors become InvalidRequestError (one line, no traceback).
 """
@@ -54,7 +55,6 @@ def init_kwargs(cluster: ClusterSettings) -> dict[str, Any]:
         num_cpus=cluster.replicas * cluster.threads,
         include_dashboard=False,
         object_store_memory=cluster.object_store_mb << 20,
-        _node_ip_address="127.0.0.1",
         **common,
     )
 
