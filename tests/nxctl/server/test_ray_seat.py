@@ -7,6 +7,7 @@ bad input is JSON 4xx; SIGTERM stops every Ray process and exits 0."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -144,26 +145,41 @@ def test_ollama_answers_through_ray_equal_a_single_seats(ray_seat, single_seat) 
     assert [m.model for m in ollama.Client(host=ray_seat.url).list().models] == ["tiny:latest"]
 
 
-def test_health_metrics_and_both_replicas_behind_one_endpoint(ray_seat) -> None:
+def test_health_metrics_and_both_replicas_behind_one_endpoint(ray_seat, single_seat) -> None:
     health = httpx.get(ray_seat.url + "/health", timeout=30)
     assert health.json() == {"status": "ok", "models": ["tiny"], "serves": ["tiny"]}
     metrics = httpx.get(ray_seat.url + "/metrics", timeout=30).text
     assert 'vllm:num_requests_running{model_name="tiny"}' in metrics
-    body = {"model": "tiny", "messages": USER, "max_tokens": 200, "ignore_eos": True, "stream": True}
+    body = {"model": "tiny", "messages": USER, "max_tokens": 200, "ignore_eos": True, "temperature": 0}
 
-    def replica_of_a_stream() -> str:
-        with httpx.stream("POST", ray_seat.url + "/v1/chat/completions", json=body, timeout=60) as r:
+    def streamed(url: str) -> tuple[str, str]:
+        """(the replica that answered, the text) of one greedy stream."""
+        with httpx.stream(
+            "POST", url + "/v1/chat/completions", json=body | {"stream": True}, timeout=60
+        ) as r:
             lines = [ln for ln in r.iter_lines() if ln]
             assert lines[-1] == "data: [DONE]"
-            return r.headers[REPLICA]
+            chunks = [json.loads(ln[len("data: ") :]) for ln in lines[:-1]]
+            return r.headers.get(REPLICA, ""), "".join(
+                c["choices"][0]["delta"].get("content") or "" for c in chunks
+            )
 
-    replicas: list[str] = []
-    threads = [threading.Thread(target=lambda: replicas.append(replica_of_a_stream())) for _ in range(4)]
+    answers: list[tuple[str, str]] = []
+    threads = [threading.Thread(target=lambda: answers.append(streamed(ray_seat.url))) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
-    assert len(replicas) == 4 and len(set(replicas)) == 2  # in flight together: Ray spread them
+    assert len(answers) == 4 and len({replica for replica, _ in answers}) == 2  # in flight together: spread
+    assert {text for _, text in answers} == {streamed(single_seat)[1]}  # both replicas, a single seat's text
+
+
+def test_every_replica_runs_with_usage_stats_off(ray_seat) -> None:
+    replicas = [
+        p for p in ray_seat.ray_processes if p.is_running() and "ServeReplica" in " ".join(p.cmdline())
+    ]
+    assert len(replicas) == 2
+    assert all(replica.environ().get("RAY_USAGE_STATS_ENABLED") == "0" for replica in replicas)
 
 
 ABORTS = 'vllm:request_success_total{finished_reason="abort",model_name="tiny"} '
