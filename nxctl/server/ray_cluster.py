@@ -15,6 +15,7 @@ line rather than wait for room. Ray's own errors become InvalidRequestError (one
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from typing import Any
@@ -45,8 +46,6 @@ def import_ray() -> Any:
 
 def init_kwargs(cluster: ClusterSettings) -> dict[str, Any]:
     """ray.init's arguments: a local instance's limits, or a running cluster's address."""
-    import logging
-
     common: dict[str, Any] = dict(namespace=NAMESPACE, logging_level=logging.WARNING, log_to_driver=True)
     if not cluster.local:
         return dict(address=cluster.address, **common)
@@ -125,6 +124,7 @@ class RaySeat:
 
         from nxctl.server.ray_replica import APP_NAME, seat_application
 
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)  # the driver's own "Started Serve" lines
         quiet = LoggingConfig(log_level="WARNING", enable_access_log=False)
         serve.start(
             proxy_location="HeadOnly",
