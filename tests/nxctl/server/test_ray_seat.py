@@ -171,7 +171,7 @@ def test_health_metrics_and_both_replicas_behind_one_endpoint(ray_seat, single_s
     assert health.json() == {"status": "ok", "models": ["tiny"], "serves": ["tiny"]}
     metrics = httpx.get(ray_seat.url + "/metrics", timeout=30).text
     assert 'nxctl:model_loads_total{model_name="tiny"} 1.0' in metrics.splitlines()  # that replica's own
-    body = {"model": "tiny", "messages": USER, "max_tokens": 200, "ignore_eos": True, "temperature": 0}
+    body = {"model": "tiny", "messages": USER, "max_tokens": 600, "ignore_eos": True, "temperature": 0}
 
     def streamed(url: str) -> tuple[str, str]:
         """(the replica that answered, the text) of one greedy stream."""
@@ -223,21 +223,22 @@ def aborts_by_replica(url: str) -> dict[str, float]:
 
 
 def test_a_streaming_client_that_disconnects_is_aborted_on_its_replica(ray_seat) -> None:
-    """Aborted, not finished: so its first chunks reached the client before the generation ended
-    (streamed end to end through the proxy, not buffered)."""
+    """Four choices of 900 tokens (over a second here), left after three chunks: all four aborted, not
+    finished, so the first chunks reached the client before the generation ended (streamed end to end
+    through the proxy, not buffered)."""
     before = aborts_by_replica(ray_seat.url)
-    body = {"model": "tiny", "messages": USER, "max_tokens": 900, "ignore_eos": True, "stream": True}
+    body = {"model": "tiny", "messages": USER, "max_tokens": 900, "ignore_eos": True, "n": 4, "stream": True}
     with httpx.stream("POST", ray_seat.url + "/v1/chat/completions", json=body, timeout=60) as r:
         replica = r.headers[REPLICA]
         lines = r.iter_lines()
         next(lines), next(lines), next(lines)
 
     def aborted_there() -> bool:
-        return aborts_by_replica(ray_seat.url)[replica] == before[replica] + 1
+        return aborts_by_replica(ray_seat.url)[replica] == before[replica] + 4
 
     assert wait_until(aborted_there, 30), "the replica did not abort the request"
     after = aborts_by_replica(ray_seat.url)
-    assert sum(after.values()) == sum(before.values()) + 1  # on that replica alone
+    assert sum(after.values()) == sum(before.values()) + 4  # on that replica alone
 
 
 def test_a_waiting_client_that_disconnects_is_aborted_too(ray_seat) -> None:
