@@ -15,6 +15,7 @@ line rather than wait for room. Ray's own errors become InvalidRequestError (one
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -143,7 +144,13 @@ class RaySeat:
             return
         from ray import serve
 
+        from nxctl.server.ray_replica import APP_NAME
+
         try:
+            # the app first, while the proxy still carries the replicas' answers: each replica stops taking
+            # requests and finishes those in flight (up to --drain-timeout); serve.shutdown alone kills them
+            with contextlib.suppress(Exception):
+                serve.delete(APP_NAME)
             serve.shutdown()
         finally:
             self._ray.shutdown()

@@ -3,7 +3,8 @@ as a process (one local Ray instance for the module, on loopback), driven over H
 openai and ollama clients. Both APIs, /health and /metrics through the ingress; answers equal a single
 seat's bit for bit; requests reach both replicas; a client that disconnects, streamed or not, has its
 request aborted on its replica (which also shows the stream reached it before the generation ended);
-bad input is JSON 4xx; SIGTERM stops every Ray process and exits 0."""
+bad input is JSON 4xx; on SIGTERM a stream in flight finishes, then the seat exits 0 and leaves no Ray
+process."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def start(tmp: Path) -> tuple[subprocess.Popen[str], str]:
     port = sock.getsockname()[1]
     sock.close()
     args = ["--ray", "--replicas", "2", "--threads", "1", "--model", "tiny", "--port", str(port)]
-    args += ["--dlq", str(tmp / "dlq.sqlite"), "--keep-alive", "-1", "--quiet", "--drain-timeout", "2"]
+    args += ["--dlq", str(tmp / "dlq.sqlite"), "--keep-alive", "-1", "--quiet", "--drain-timeout", "30"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "nxctl.cli", "serve", *args],
         stdout=subprocess.PIPE,
@@ -73,9 +74,11 @@ def kill_group(proc: subprocess.Popen[str]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def stop(seat: RaySeatProcess) -> None:
-    """SIGTERM: exit 0, and no Ray process of the seat's left (leftovers killed, then the test fails)."""
-    seat.proc.send_signal(signal.SIGTERM)
+def stop(seat: RaySeatProcess, signalled: bool = False) -> None:
+    """SIGTERM (unless ``signalled`` already: a second one would cut the drain short): exit 0, and no Ray
+    process of the seat's left (leftovers killed, then the test fails)."""
+    if not signalled:
+        seat.proc.send_signal(signal.SIGTERM)
     code = seat.proc.wait(120)
     if not wait_until(lambda: not any(alive(p) for p in seat.ray_processes), 30):
         left = [p for p in seat.ray_processes if alive(p)]
@@ -259,3 +262,21 @@ def test_bad_input_is_json_4xx_through_ray(ray_seat) -> None:
     assert err.value.status_code == 404
     r = httpx.post(ray_seat.url + "/v1/chat/completions", json={"model": "tiny", "messages": []}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_sigterm_lets_a_stream_in_flight_finish_then_stops_every_ray_process(ray_seat) -> None:
+    """Last in the module (it stops the seat): four choices of 900 tokens in flight when SIGTERM comes
+    run to their end, then the seat exits 0 and no Ray process of it is left."""
+    body = {"model": "tiny", "messages": USER, "max_tokens": 900, "ignore_eos": True, "n": 4, "stream": True}
+    with httpx.stream("POST", ray_seat.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        next(lines), next(lines), next(lines)
+        ray_seat.proc.send_signal(signal.SIGTERM)
+        rest = [ln for ln in lines if ln]
+    assert rest[-1] == "data: [DONE]"
+    chunks = [json.loads(ln[len("data: ") :]) for ln in rest[:-1]]
+    assert (
+        sorted(c["choices"][0]["finish_reason"] for c in chunks if c["choices"][0]["finish_reason"])
+        == ["length"] * 4
+    )
+    stop(ray_seat, signalled=True)  # exit 0, nothing of Ray left
