@@ -237,8 +237,9 @@ inline int64_t mask_outside(float* sc, int64_t lo, int64_t hi) {
   return a;
 }
 
-// The four passes of a span over kLanes-wide vectors (the generic and AVX2 builds): a table may bring
-// wider ones (isa_avx512_attention.cpp) that compute the same chains.
+// The passes of a span over kLanes-wide vectors (the generic and AVX2 builds): keys widened (transpose),
+// their scores (scores, or scores_in_place for a decode row), the weights and the values. A table may
+// bring wider ones (isa_avx512_attention.cpp) that compute the same chains.
 struct EightLanePasses {
   static constexpr int64_t kKeyVector = kLanes;  // span keys are handled in whole vectors of this many
 

@@ -45,15 +45,15 @@ inline void transpose16(__m512 r[16]) {
     r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
     r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
   }
-  // r[4a + b] now holds, in each 128-bit lane L, rows 4L' .. of columns: lane group L of rows 4a..4a+3,
-  // column b (for the rows' 128-bit lane L); gather lane groups across the four row quads
+  // r[4a + b] now holds, in its 128-bit lane L, column 4L + b of rows 4a..4a+3; the last pass gathers
+  // each column's four lane groups (one from each quad of rows) into one vector
   for (int b = 0; b < 4; ++b) {
     const __m512 x0 = _mm512_shuffle_f32x4(r[b], r[4 + b], 0x88), x1 = _mm512_shuffle_f32x4(r[b], r[4 + b], 0xDD);
     const __m512 x2 = _mm512_shuffle_f32x4(r[8 + b], r[12 + b], 0x88), x3 = _mm512_shuffle_f32x4(r[8 + b], r[12 + b], 0xDD);
-    t[b] = _mm512_shuffle_f32x4(x0, x2, 0x88);       // columns b (lane group 0)
-    t[4 + b] = _mm512_shuffle_f32x4(x1, x3, 0x88);   // lane group 1
-    t[8 + b] = _mm512_shuffle_f32x4(x0, x2, 0xDD);   // lane group 2
-    t[12 + b] = _mm512_shuffle_f32x4(x1, x3, 0xDD);  // lane group 3
+    t[b] = _mm512_shuffle_f32x4(x0, x2, 0x88);       // column b
+    t[4 + b] = _mm512_shuffle_f32x4(x1, x3, 0x88);   // column 4 + b
+    t[8 + b] = _mm512_shuffle_f32x4(x0, x2, 0xDD);   // column 8 + b
+    t[12 + b] = _mm512_shuffle_f32x4(x1, x3, 0xDD);  // column 12 + b
   }
   for (int i = 0; i < 16; ++i) r[i] = t[i];
 }
