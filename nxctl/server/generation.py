@@ -182,12 +182,16 @@ class Generation:
             self.abort()
 
     def _receive(self, index: int, item: object) -> None:
-        """On the event loop: an output for the reader; once the reader has left, a job's final output
-        (the engine's ``abort``, or the end it reached first) is counted in the metrics instead."""
+        """On the event loop: an output for the reader; once the reader has left, a job's final output is
+        counted in the metrics instead: the engine's ``abort`` as an abort alone (no client got its tokens),
+        an end it reached first as a finished request."""
         if not self._left:
             self._queue.put_nowait((index, item))
         elif isinstance(item, RequestOutput) and item.finished and self.metrics is not None:
-            self.metrics.observe_request(self.model.name, item, self.arrival)
+            if item.finish_reason == "abort":
+                self.metrics.observe_abort(self.model.name)
+            else:  # it reached its end before the abort did
+                self.metrics.observe_request(self.model.name, item, self.arrival)
 
     async def _next(self) -> list[tuple[int, RequestOutput]]:
         """Wait for outputs; the newest of each open job among all that have queued, in job order."""

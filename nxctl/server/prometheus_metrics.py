@@ -163,6 +163,12 @@ class SeatMetrics:
         if out.finish_time is not None:
             self.e2e.labels(model).observe(max(out.finish_time - arrival, 0.0))
 
+    def observe_abort(self, model: str) -> None:
+        """A request the engine aborted because its client left: counted as vLLM counts it
+        (``request_success{finished_reason="abort"}``), its tokens not: no client received them, and the
+        token totals stay the sums of what clients were answered (the soak's books balance on that)."""
+        self.success.labels(model, "abort").inc()
+
     def observe_event(self, event: str, model: str) -> None:
         """Host events: ``load`` or ``evict:<reason>``; an unloaded model's gauges drop to zero."""
         if event == "load":
