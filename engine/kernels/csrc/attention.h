@@ -379,18 +379,16 @@ void prefetch_block(const AttentionArgs<T, C>& a, int64_t at) {
   }
 }
 
-// The blocks of head g holding the span keys [s0, s0 + n) into L2, K's and V's (each block's K, and its V,
-// is block * d values in a row in either layout)
+// The blocks of head g holding the span keys [s0, s0 + n) into L2, K's and V's
 template <class T, class C>
 void prefetch_span(const AttentionArgs<T, C>& a, const int64_t* table, int64_t g, int64_t s0, int64_t n) {
-  constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(C));
-  for (int64_t b = s0 / a.block; b * a.block < s0 + n; ++b) {
-    const int64_t at = (table[b] * a.kv_heads + g) * a.block * a.d;
-    for (int64_t i = 0; i < a.block * a.d; i += kLine) {
-      __builtin_prefetch(a.k_cache + at + i, 0, 2);
-      __builtin_prefetch(a.v_cache + at + i, 0, 2);
-    }
-  }
+  for (int64_t b = s0 / a.block; b * a.block < s0 + n; ++b) prefetch_block(a, (table[b] * a.kv_heads + g) * a.block * a.d);
+}
+
+// The first position a row at `pos` sees: 0, or the start of its sliding window
+template <class T, class C>
+int64_t first_key(const AttentionArgs<T, C>& a, int64_t pos) {
+  return a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
 }
 
 // One item: a tile's rows, KV head g (the header's algorithm)
@@ -406,8 +404,8 @@ void attention_item(const AttentionArgs<T, C>& a, const AttentionTile& tile, int
   }
   const int64_t* table = a.tables + a.owners[tile.row] * a.table_width;
   const bool widened = tile.rows > 1 && !std::is_same_v<C, float>;  // 16-bit V rows read by several rows
-  const auto first_key = [&a](int64_t pos) { return a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0; };
-  const int64_t tile_lo = first_key(a.positions[tile.row]), tile_hi = a.positions[tile.row + tile.rows - 1] + 1;
+  const bool in_place = tile.rows == 1 && a.keys_by_dimension;  // a decode row: scores straight from the cache
+  const int64_t tile_lo = first_key(a, a.positions[tile.row]), tile_hi = a.positions[tile.row + tile.rows - 1] + 1;
   for (int64_t s0 = tile_lo / kSpan * kSpan; s0 < tile_hi; s0 += kSpan) {
     const int64_t ka = std::max(s0, tile_lo) - s0, kb = std::min(s0 + kSpan, tile_hi) - s0;  // span-local
     const int64_t va = ka / kVec * kVec, vb = (kb + kVec - 1) / kVec * kVec;
@@ -419,37 +417,33 @@ void attention_item(const AttentionArgs<T, C>& a, const AttentionTile& tile, int
     if (widened)  // each V row widened once for the tile's rows (exact: the same values)
       for (int64_t j = ka; j < kb; ++j)
         for (int64_t c = 0; c < d; c += kLanes) O::store(s.vw.data() + j * d + c, O::load(a.v_cache + s.key_at[j] + c));
-    if (tile.rows == 1 && a.keys_by_dimension) {  // a decode row: scores straight from the cache
-      for (int64_t i = va; i < vb; i += kScoreKeys) {
-        const int64_t n = std::min(kScoreKeys, vb - i), ahead = std::min(i + kKeysAhead, vb);
-        const int64_t far = std::clamp<int64_t>(vb - i - kKeysAhead, 0, n);
-        prefetch_keys(a.k_cache, s.k_at.data() + ahead, far, d, step);      // K ahead into L1
-        prefetch_keys<2>(a.v_cache, s.key_at.data() + ahead, far, d, 1);  // V ahead into L2 (read after the scores)
-        const int64_t chunk = (i - va) / kScoreKeys;  // the next item's first blocks, one a chunk
-        if (s0 <= tile_lo && chunk < static_cast<int64_t>(s.following.size())) prefetch_block(a, s.following[chunk]);
+    // keys kScoreKeys at a time (widened and transposed, unless read in place), then their scores, so that
+    // the loads of the keys ahead overlap the arithmetic
+    for (int64_t i = va; i < vb; i += kScoreKeys) {
+      const int64_t n = std::min(kScoreKeys, vb - i), ahead = std::min(i + kKeysAhead, vb);
+      const int64_t far = std::clamp<int64_t>(vb - i - kKeysAhead, 0, n);
+      prefetch_keys(a.k_cache, s.k_at.data() + ahead, far, d, step);  // K kKeysAhead keys on into L1
+      // V into L2 (read after every score): a decode row's keys ahead, a tile's these (unless widened)
+      if (in_place)
+        prefetch_keys<2>(a.v_cache, s.key_at.data() + ahead, far, d, 1);
+      else if (!widened)
+        prefetch_keys<2>(a.v_cache, s.key_at.data() + i, n, d, 1);
+      const int64_t chunk = (i - va) / kScoreKeys;  // the next item's first blocks, one a chunk
+      if (s0 <= tile_lo && chunk < static_cast<int64_t>(s.following.size())) prefetch_block(a, s.following[chunk]);
+      if (in_place) {
         Passes::template scores_in_place<O>(s.qf.data(), nq, d, a.k_cache, s.k_at.data() + i, n, step, a.scale,
                                             s.kt.data() + i, kSpanStride, s.scores.data() + i, kSpanStride);
+        continue;
       }
-    }
-    // keys kScoreKeys at a time: widened (and transposed), then their scores, so that the loads of the
-    // keys ahead overlap the arithmetic
-    for (int64_t i = va; i < vb && !(tile.rows == 1 && a.keys_by_dimension); i += kScoreKeys) {
-      const int64_t n = std::min(kScoreKeys, vb - i);
-      // K kKeysAhead keys on into L1 and these keys' V (read after every score) into L2
-      prefetch_keys(a.k_cache, s.k_at.data() + std::min(i + kKeysAhead, vb),
-                    std::clamp<int64_t>(vb - i - kKeysAhead, 0, n), d, step);
-      if (!widened) prefetch_keys<2>(a.v_cache, s.key_at.data() + i, n, d, 1);
       for (int64_t j = i; j < i + n; j += kTotalVector)
         Passes::template transpose<O>(a.k_cache, s.k_at.data() + j, std::min(kTotalVector, i + n - j), d, step,
                                       s.kt.data() + j, kSpanStride);
       Passes::template scores<O>(s.qf.data(), nq, d, s.kt.data() + i, kSpanStride, n, a.scale, s.scores.data() + i,
                                  kSpanStride);
-      const int64_t chunk = (i - va) / kScoreKeys;  // the next item's first blocks, one a chunk
-      if (s0 <= tile_lo && chunk < static_cast<int64_t>(s.following.size())) prefetch_block(a, s.following[chunk]);
     }
     for (int64_t r = 0; r < tile.rows; ++r) {
       const int64_t pos = a.positions[tile.row + r];
-      const int64_t lo = std::max(s0, first_key(pos)) - s0, hi = std::min(s0 + kSpan, pos + 1) - s0;
+      const int64_t lo = std::max(s0, first_key(a, pos)) - s0, hi = std::min(s0 + kSpan, pos + 1) - s0;
       if (lo >= hi) continue;  // no key of this span: the row's state is untouched
       for (int64_t h = 0; h < group; ++h) {
         const int64_t qi = r * group + h;
@@ -493,8 +487,7 @@ void attention_items(const AttentionArgs<T, C>& a, const AttentionTile* tiles, i
       scratch.following.clear();
       if (item + 1 < end) {
         const AttentionTile& tile = tiles[(item + 1) / a.kv_heads];
-        const int64_t pos = a.positions[tile.row], hi = a.positions[tile.row + tile.rows - 1] + 1;
-        const int64_t lo = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
+        const int64_t lo = first_key(a, a.positions[tile.row]), hi = a.positions[tile.row + tile.rows - 1] + 1;
         const int64_t* table = a.tables + a.owners[tile.row] * a.table_width;
         for (int64_t b = lo / a.block; b * a.block < std::min(lo + kKeysAhead, hi); ++b)
           scratch.following.push_back((table[b] * a.kv_heads + (item + 1) % a.kv_heads) * a.block * a.d);
