@@ -28,7 +28,8 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
 def kv_cache_dtype(setting: str, dtype: torch.dtype, holds_quantized: bool) -> torch.dtype:
     """The KV cache's torch dtype for ``setting`` under a model of ``dtype`` (engine/settings.py
     kv_cache_dtype_name says which)."""
-    return parse_dtype(kv_cache_dtype_name(setting, dtype_name(dtype), holds_quantized))
+    name = kv_cache_dtype_name(setting, dtype_name(dtype), holds_quantized)
+    return torch.int8 if name == "int8" else parse_dtype(name)
 
 
 def resolve_device(device: str) -> torch.device:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
 
 from engine.errors import InvalidRequestError, UnsupportedModelError
+from engine.kv import int8
 
 if TYPE_CHECKING:
     import torch
@@ -169,7 +170,10 @@ class ModelConfig:
         return self.num_params + (self.vocab_size * self.hidden_size if self.tie_word_embeddings else 0)
 
     def kv_bytes_per_token(self, dtype: DtypeLike = "float32") -> int:
-        """Bytes of K and V one token occupies across all layers."""
+        """Bytes of K and V one token occupies across all layers (an int8 cache's float16 scales
+        included, one per 32 values: engine/kv/int8.py)."""
+        if dtype_name(dtype) == "int8":
+            return 2 * self.num_layers * self.num_kv_heads * (self.head_dim + 2 * int8.groups(self.head_dim))
         return 2 * self.num_layers * self.kv_size * dtype_bytes(dtype)
 
     def weight_bytes(self, dtype: DtypeLike = "float32") -> int:

@@ -73,7 +73,7 @@ QUANTIZE_MODES = ("auto", "none", "int8")
 # measured agreement with the float path and why mixed is the default
 ACTIVATION_MODES = ("float", "int16", "int8", "mixed")
 DEFAULT_ACTIVATIONS = "mixed"
-KV_CACHE_DTYPES = ("auto", *DTYPE_NAMES)
+KV_CACHE_DTYPES = ("auto", *DTYPE_NAMES, "int8")
 
 DTYPE_HELP = (
     "float32, bfloat16 or float16. Under float32 a GGUF's F16 / BF16 matrices stay 16-bit in memory (the CPU "
@@ -91,7 +91,8 @@ ACTIVATIONS_HELP = (
 )
 KV_CACHE_DTYPE_HELP = (
     "What the KV cache holds: auto (float16 under quantized weights on the CPU, as llama.cpp's default cache; "
-    "else the model's dtype), float32, bfloat16 or float16 (the model's dtype, or float16 under float32)."
+    "else the model's dtype), float32, bfloat16 or float16 (the model's dtype, or float16 under float32), or "
+    "int8 under float32 on the CPU (int8 values with a float16 scale per 32: about half float16's bytes)."
 )
 SPECULATIVE_HELP = (
     "Speculative decoding, exact (outputs equal to the plain run's, bit for bit): ngram (prompt lookup) "
@@ -114,11 +115,14 @@ def check_choice(name: str, value: object, choices: Iterable[str]) -> None:
 
 
 def check_kv_cache_dtype(kv_cache_dtype: str, dtype: str) -> None:
-    """The KV cache's pairing rule: "auto", the model's ``dtype``, or float16 under a float32 model (the
-    kernels read a float16 cache widened to float32, exactly). kv_cache_dtype_name resolves it."""
+    """The KV cache's pairing rule: "auto", the model's ``dtype``, or float16 or int8 under a float32 model
+    (the kernels read a float16 cache widened to float32, an int8 one as q * s: exactly, engine/kv/int8.py).
+    kv_cache_dtype_name resolves it."""
     check_choice("kv_cache_dtype", kv_cache_dtype, KV_CACHE_DTYPES)
-    if kv_cache_dtype in ("auto", dtype) or (kv_cache_dtype == "float16" and dtype == "float32"):
+    if kv_cache_dtype in ("auto", dtype) or (kv_cache_dtype in ("float16", "int8") and dtype == "float32"):
         return
+    if kv_cache_dtype == "int8":
+        raise InvalidRequestError(f"kv_cache_dtype int8 needs a float32 model, not {dtype}")
     raise InvalidRequestError(
         f"kv_cache_dtype {kv_cache_dtype} needs a {kv_cache_dtype} model (or float16 under float32), not {dtype}"
     )

@@ -58,6 +58,7 @@ class EngineCase:
     max_prompt: int
     max_tokens: int
     min_prompt: int = 1  # above 1: every prompt drawn from [min_prompt, max_prompt] (long contexts)
+    kv_cache_dtype: str = "auto"  # what the KV pools hold (int8: per-token scales, engine/kv/int8.py)
 
 
 FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
@@ -71,6 +72,7 @@ ENGINE_CASES = {
     "invariance.smollm2_bf16": EngineCase("smollm2", "bfloat16", 6, 300, 12),
     # prompts beyond 2,048 tokens: keys in many spans, chunk boundaries inside them
     "invariance.smollm2_long_f32": EngineCase("smollm2", "float32", 3, 3000, 6, min_prompt=2049),
+    "invariance.smollm2_int8_kv": EngineCase("smollm2", "float32", 6, 300, 12, kv_cache_dtype="int8"),
 }
 
 
@@ -117,13 +119,18 @@ def _engine_case(run: GateRun, check_id: str, case: EngineCase, seed: int) -> LL
     # one request at a time: a pool for the largest drawn request (shared prefix + prompt + output)
     solo_blocks = -(-(MAX_SHARED_PREFIX + case.max_prompt + case.max_tokens) // BLOCK_SIZE)
     solo_llm = LLM(
-        case.model, dtype=case.dtype, threads=threads, num_kv_blocks=solo_blocks, prefill_chunk=512
+        case.model,
+        dtype=case.dtype,
+        kv_cache_dtype=case.kv_cache_dtype,
+        threads=threads,
+        num_kv_blocks=solo_blocks,
+        prefill_chunk=512,
     )
     work = draw_workload(rng, solo_llm.model_config.vocab_size, case)
     settings = draw_settings(rng, work)
     solo = run_solos(solo_llm.engine, work)
     del solo_llm
-    llm = LLM(case.model, dtype=case.dtype, threads=threads, **settings)
+    llm = LLM(case.model, dtype=case.dtype, kv_cache_dtype=case.kv_cache_dtype, threads=threads, **settings)
     batched = run_schedule(llm.engine, work)
     wrong = differing(solo, batched)
     snap = llm.engine.snapshot()
@@ -132,7 +139,7 @@ def _engine_case(run: GateRun, check_id: str, case: EngineCase, seed: int) -> LL
         not wrong,
         "every request == its solo run (token ids, logprob bits, text)",
         f"{len(wrong)}/{len(work)} differ" + (f": {wrong[:5]}" if wrong else ""),
-        f"seed {seed}; {case.model} {case.dtype}; {settings}; "
+        f"seed {seed}; {case.model} {case.dtype}, {case.kv_cache_dtype} KV cache; {settings}; "
         f"{snap.counters.preemptions} preemptions, {snap.prefix_hits} prefix-cache block hits, "
         f"up to {snap.counters.max_requests_in_step} requests a step; digest {digest(batched)}; "
         f"kernels {kernels.backend().name}, {torch.get_num_threads()} threads",

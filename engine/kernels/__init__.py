@@ -228,13 +228,17 @@ def attention(
     scale: float,
     window: int = 0,
     softcap: float = 0.0,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each query row over its request's keys, read in place from the paged cache.
 
-    q: [rows, H, d]; k_cache, v_cache: [blocks, Hkv, block, d] (q's dtype, or float16 under float32 q:
-    read widened, exactly; the C++ kernel takes float32 and bfloat16 q, float16 q takes the portable path);
-    tables: [R, nb] long block tables; owners: [rows] long (row of ``tables``); positions: [rows] long
-    (a row sees keys at positions 0..its own, or the last ``window``). Returns [rows, H, d] float32.
+    q: [rows, H, d]; k_cache, v_cache: [blocks, Hkv, block, d] (q's dtype, or float16 or int8 under float32
+    q: read widened, exactly; the C++ kernel takes float32 and bfloat16 q, float16 q takes the portable
+    path); an int8 cache comes with its scales ``k_scales``, ``v_scales`` [blocks, Hkv, block, ceil(d / 32)]
+    float16 laid out as the caches (engine/kv/int8.py); tables: [R, nb] long block tables; owners: [rows]
+    long (row of ``tables``); positions: [rows] long (a row sees keys at positions 0..its own, or the last
+    ``window``). Returns [rows, H, d] float32.
     """
     args = (
         q.contiguous(),
@@ -245,5 +249,5 @@ def attention(
         positions.contiguous(),
     )
     if q.dtype == torch.float16:
-        return portable.attention(*args, scale, window, softcap)
-    return _run("attention", *args, scale, window, softcap)
+        return portable.attention(*args, scale, window, softcap, k_scales, v_scales)
+    return _run("attention", *args, scale, window, softcap, k_scales, v_scales)

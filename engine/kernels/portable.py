@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.kv import int8
+
 PANEL = 16
 
 
@@ -108,8 +110,11 @@ def attention(
     scale: float,
     window: int,
     softcap: float,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """engine.kernels.attention, one query row at a time over its own gathered keys: [rows, H, d] float32."""
+    """engine.kernels.attention, one query row at a time over its own gathered keys: [rows, H, d] float32
+    (an int8 cache's keys and values read as q * s with their scales, engine/kv/int8.py)."""
     rows, heads, d = q.shape
     kv_heads, block = k_cache.shape[1], k_cache.shape[2]
     group = heads // kv_heads
@@ -120,8 +125,12 @@ def attention(
         keys_at = torch.arange(first, pos + 1)
         blocks = tables[int(owners[i])][keys_at // block]
         offsets = keys_at % block
-        keys = k_cache[blocks, :, offsets].float().transpose(0, 1)  # [Hkv, L, d]
-        values = v_cache[blocks, :, offsets].float().transpose(0, 1)  # [Hkv, L, d]
+        keys = k_cache[blocks, :, offsets].float()  # [L, Hkv, d]
+        values = v_cache[blocks, :, offsets].float()  # [L, Hkv, d]
+        if k_scales is not None and v_scales is not None:
+            keys = int8.dequantize(k_cache[blocks, :, offsets], k_scales[blocks, :, offsets])
+            values = int8.dequantize(v_cache[blocks, :, offsets], v_scales[blocks, :, offsets])
+        keys, values = keys.transpose(0, 1), values.transpose(0, 1)  # [Hkv, L, d] each
         qi = q[i].float().view(kv_heads, group, d)  # [Hkv, group, d]
         scores = torch.matmul(qi, keys.transpose(1, 2)) * scale  # [Hkv, group, L]
         if softcap > 0:

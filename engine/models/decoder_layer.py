@@ -124,11 +124,16 @@ def in_kernel_layout(layer: DecoderLayerWeights[LinearWeight]) -> bool:
 
 
 def stack_arguments(
-    layer: DecoderLayerWeights[LinearWeight], k_cache: torch.Tensor, v_cache: torch.Tensor
+    layer: DecoderLayerWeights[LinearWeight],
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> list[Any]:
     """``layer`` over these caches as DecoderStack.add_layer's arguments (csrc/decoder.h), in its order:
-    each linear's (data, format), the caches, absent parts as empty tensors, then the linears' context
-    formats. Needs ``in_kernel_layout(layer)`` and no Gemma norms (the C++ stack has none)."""
+    each linear's (data, format), the caches and their scales (an int8 cache's), absent parts as empty
+    tensors, then the linears' context formats. Needs ``in_kernel_layout(layer)`` and no Gemma norms (the
+    C++ stack has none)."""
     linears = (layer.qkv, layer.o, layer.gate_up, layer.down)
     if layer.sandwich or not in_kernel_layout(layer):
         raise ValueError("the C++ layer loop takes linears in the kernels' layout and no sandwich norms")
@@ -138,18 +143,24 @@ def stack_arguments(
     (qkv, qkv_format), (o, o_format), (gate_up, gate_up_format), (down, down_format) = whole
     return [
         layer.input_norm, qkv, qkv_format, o, o_format, layer.post_norm, gate_up, gate_up_format, down,
-        down_format, k_cache, v_cache, absent if layer.qkv_bias is None else layer.qkv_bias,
+        down_format, k_cache, v_cache, absent if k_scales is None else k_scales,
+        absent if v_scales is None else v_scales, absent if layer.qkv_bias is None else layer.qkv_bias,
         absent if layer.q_norm is None else layer.q_norm, absent if layer.k_norm is None else layer.k_norm,
         [lw.context_format for lw in linears],
     ]  # fmt: skip
 
 
 def add_to_stack(
-    stack: Any, layer: DecoderLayerWeights[LinearWeight], k_cache: torch.Tensor, v_cache: torch.Tensor
+    stack: Any,
+    layer: DecoderLayerWeights[LinearWeight],
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> None:
-    """Append ``layer``, over these caches, to a C++ layer loop (kernels.decoder_stack; mutates ``stack``,
-    which holds the tensors by reference)."""
-    stack.add_layer(*stack_arguments(layer, k_cache, v_cache))
+    """Append ``layer``, over these caches (and an int8 cache's scales), to a C++ layer loop
+    (kernels.decoder_stack; mutates ``stack``, which holds the tensors by reference)."""
+    stack.add_layer(*stack_arguments(layer, k_cache, v_cache, k_scales, v_scales))
     for which, lw in enumerate((layer.qkv, layer.o, layer.gate_up, layer.down)):
         segments = lw.kernel_segments
         if lw.kernel_layout is None and segments:

@@ -289,7 +289,7 @@ class PagedLlama:
         where it computes exactly what ``_layers`` does: the one place this is decided. It needs
 
         - the compiled kernels (the portable backend has no layer loop), on the CPU;
-        - float32 weights and activations, and a float32 or float16 cache;
+        - float32 weights and activations, and a float32, float16 or int8 cache;
         - batch invariance (fast mode is the library's kernels) and no fault switched on;
         - none of Gemma's differences (config.gemma_like: the C++ loop has none of them);
         - every layer linear held as the kernels read it (``layers_in_kernel_layout``);
@@ -303,7 +303,7 @@ class PagedLlama:
             and self.device.type == "cpu"
             and kernels.has_decoder_stack()
             and self.dtype == torch.float32
-            and kv.keys[0].dtype in (torch.float32, torch.float16)
+            and kv.keys[0].dtype in (torch.float32, torch.float16, torch.int8)
             and not self.config.gemma_like
             and self.layers_in_kernel_layout
         )
@@ -328,7 +328,7 @@ class PagedLlama:
             c.sliding_window,
         )
         for n, layer in enumerate(self.layers):
-            add_to_stack(stack, layer, kv.keys[n], kv.values[n])
+            add_to_stack(stack, layer, kv.keys[n], kv.values[n], *kv.scales(n))
         self._stack = (kv, stack)
         return stack
 
@@ -357,7 +357,7 @@ class PagedLlama:
         if self.device.type == "cpu":  # our kernel: every row over its own keys, read in place, one call
             out = kernels.attention(
                 q[:rows], kv.keys[layer], kv.values[layer], tables, owners[:rows], positions[:rows],
-                self.scale, c.window(layer),
+                self.scale, c.window(layer), 0.0, *kv.scales(layer),
             )  # fmt: skip
             return out.view(-1, c.q_size).to(q.dtype)
         for g, plan in zip(groups, plans, strict=True):

@@ -387,6 +387,36 @@ def _quantized_agreement(ctx: _Context) -> dict[str, float]:
     }
 
 
+def _kv_agreement(ctx: _Context) -> dict[str, float]:
+    """An int8 KV pool against a float16 one under the same weights and activations: the first requests'
+    greedy tokens from cb_invariant, re-run with ``kv_cache_dtype="float16"``; teacher-forced top-1 of the
+    int8 pool along the float16 pool's tokens (engine_top1_agreement). Empty unless the pool is int8 and
+    the run greedy."""
+    opts = ctx.opts
+    ours = ctx.tokens.get("cb_invariant")
+    if (
+        ours is None
+        or not opts.agreement
+        or _kv_cache_dtype(ctx) != "int8"
+        or opts.workload.sampling != "greedy"
+    ):
+        return {}
+    subset = ctx.requests[:QUANTIZED_AGREEMENT_REQUESTS]
+    float16_run = run_continuous(
+        make_engine(ctx.loaded, ctx.engine_config(kv_cache_dtype="float16")), subset, lambda n: None
+    )
+    base = [r.token_ids for r in float16_run.records]
+    ours = ours[: len(subset)]
+    engine = make_engine(ctx.loaded, ctx.engine_config())
+    prompts = [r.prompt_token_ids for r in subset]
+    return {
+        "int8_kv_vs_float16_greedy_agreement": agreement.greedy_agreement(ours, base),
+        "int8_kv_vs_float16_teacher_forced_top1_agreement": agreement.engine_top1_agreement(
+            engine, prompts, base, ours
+        ),
+    }
+
+
 def _memory(ctx: _Context, notify: Callable[[str], object]) -> dict[str, float]:
     """memory_probe's figures for the run's model and settings (a fresh process), or empty if it failed."""
     opts = ctx.opts
@@ -464,6 +494,7 @@ def run_bench(
     clock.lap("schedules")
     extras = _dtype_agreement(ctx) if opts.compare_dtype else {}
     extras |= _quantized_agreement(ctx)
+    extras |= _kv_agreement(ctx)
     clock.lap("agreement")
     memory = _memory(ctx, notify)
     clock.lap("memory")

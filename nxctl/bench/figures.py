@@ -69,6 +69,9 @@ AGREEMENT = (
     # the quantized path (--quantize auto|int8) against the float32 path over the dequantized weights
     "quantized_vs_float_greedy_agreement",
     "quantized_vs_float_teacher_forced_top1_agreement",
+    # an int8 KV pool (--kv-cache-dtype int8) against a float16 one, the same weights and activations
+    "int8_kv_vs_float16_greedy_agreement",
+    "int8_kv_vs_float16_teacher_forced_top1_agreement",
 )
 # nxctl/bench/memory_probe.py, measured in a fresh process
 MEMORY = (

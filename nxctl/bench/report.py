@@ -155,11 +155,12 @@ def footer(result: BenchResult) -> list[str]:
     for name, value in data["ratios"].items():
         lines.append(f"ratio {name}: {_cell(value, 3)}")
     for name, value in data["agreement"].items():
-        versus = (
-            f"--quantize {result.options.engine.quantize} --activations {result.options.engine.activations} vs none"
-            if name.startswith("quantized_")
-            else f"{result.options.engine.dtype} vs {result.options.compare_dtype}"
-        )
+        versus = f"{result.options.engine.dtype} vs {result.options.compare_dtype}"
+        if name.startswith("quantized_"):
+            engine = result.options.engine
+            versus = f"--quantize {engine.quantize} --activations {engine.activations} vs none"
+        elif name.startswith("int8_kv_"):
+            versus = "--kv-cache-dtype int8 vs float16"
         lines.append(f"{name} ({versus}): {value:.3f}")
     memory = data.get("memory") or {}
     if memory:

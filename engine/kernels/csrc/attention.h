@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "kv_int8.h"
 #include "vec.h"
 
 namespace nxk {
@@ -41,7 +42,8 @@ constexpr int64_t kTileRows = 32;
 // not fall into a handful of L1 sets (rows 1 KB apart would share every fourth set)
 constexpr int64_t kSpanStride = kSpan + 16;  // rows of one request whose scores share a span's transposed keys
 
-// T: the queries' type; C: the cache's (T, or float16 under float32 queries: read widened, exactly)
+// T: the queries' type; C: the cache's (T, or under float32 queries float16 or int8 (kv_int8.h): read
+// widened, exactly)
 template <class T, class C = T>
 struct AttentionArgs {
   const T* q;               // [rows, heads, d]
@@ -57,6 +59,8 @@ struct AttentionArgs {
   float softcap;            // > 0: scores become softcap * tanh(score / softcap)
   float* out;               // [rows, heads, d] float32
   bool keys_by_dimension = false;  // K as [blocks, kv_heads, d, block] (cache_layout.h); V is always by row
+  const Half* k_scales = nullptr;  // an int8 cache's scales (kv_int8.h), laid out as K
+  const Half* v_scales = nullptr;  //   and as V
 };
 
 // Rows [row, row + rows) of one request, at consecutive positions
@@ -89,7 +93,7 @@ struct SpanScratch {
   std::vector<int64_t> key_at;     // [kSpan] the cache offset of each span key (-1: outside the tile's keys)
   std::vector<int64_t> k_at;       // [kSpan] where each span key's K values start (its V row's offset, by row)
   std::vector<int64_t> following;  // the head-block offsets of the next item's first blocks (prefetched)
-    std::vector<float> vw;           // [kSpan, d] the span's V rows widened to float (tiles of several rows)
+  std::vector<float> vw;           // [kSpan, d] the span's V rows widened to float (tiles of several rows)
   std::vector<int64_t> vw_at;      // [kSpan] the offset of each span key's row in vw
 
   void start(int64_t nq, int64_t d) {
@@ -403,8 +407,10 @@ void attention_item(const AttentionArgs<T, C>& a, const AttentionTile& tile, int
     for (int64_t i = 0; i < group * d; ++i) s.qf[r * group * d + i] = to_float(qrow[i]);
   }
   const int64_t* table = a.tables + a.owners[tile.row] * a.table_width;
-  const bool widened = tile.rows > 1 && !std::is_same_v<C, float>;  // 16-bit V rows read by several rows
-  const bool in_place = tile.rows == 1 && a.keys_by_dimension;  // a decode row: scores straight from the cache
+  constexpr bool kInt8 = std::is_same_v<C, int8_t>;  // read as q * s (kv_int8.h): always widened first
+  // 16-bit V rows read by several rows, and every int8 V row
+  const bool widened = kInt8 || (tile.rows > 1 && !std::is_same_v<C, float>);
+  const bool in_place = !kInt8 && tile.rows == 1 && a.keys_by_dimension;  // a decode row: scores straight from the cache
   const int64_t tile_lo = first_key(a, a.positions[tile.row]), tile_hi = a.positions[tile.row + tile.rows - 1] + 1;
   for (int64_t s0 = tile_lo / kSpan * kSpan; s0 < tile_hi; s0 += kSpan) {
     const int64_t ka = std::max(s0, tile_lo) - s0, kb = std::min(s0 + kSpan, tile_hi) - s0;  // span-local
@@ -415,8 +421,13 @@ void attention_item(const AttentionArgs<T, C>& a, const AttentionTile& tile, int
       prefetch_span(a, table, g, s0 + kSpan, std::min(s0 + kSpan + kKeysAhead, tile_hi) - s0 - kSpan);
     const int64_t step = a.keys_by_dimension ? a.block : 1;  // between a key's values at consecutive dimensions
     if (widened)  // each V row widened once for the tile's rows (exact: the same values)
-      for (int64_t j = ka; j < kb; ++j)
-        for (int64_t c = 0; c < d; c += kLanes) O::store(s.vw.data() + j * d + c, O::load(a.v_cache + s.key_at[j] + c));
+      for (int64_t j = ka; j < kb; ++j) {
+        if constexpr (kInt8)
+          dequantize_kv_row<O>(a.v_cache + s.key_at[j], a.v_scales + row_scale_at(s.key_at[j], d, 0), d,
+                               s.vw.data() + j * d);
+        else
+          for (int64_t c = 0; c < d; c += kLanes) O::store(s.vw.data() + j * d + c, O::load(a.v_cache + s.key_at[j] + c));
+      }
     // keys kScoreKeys at a time (widened and transposed, unless read in place), then their scores, so that
     // the loads of the keys ahead overlap the arithmetic
     for (int64_t i = va; i < vb; i += kScoreKeys) {
@@ -430,14 +441,21 @@ void attention_item(const AttentionArgs<T, C>& a, const AttentionTile& tile, int
         prefetch_keys<2>(a.v_cache, s.key_at.data() + i, n, d, 1);
       const int64_t chunk = (i - va) / kScoreKeys;  // the next item's first blocks, one a chunk
       if (s0 <= tile_lo && chunk < static_cast<int64_t>(s.following.size())) prefetch_block(a, s.following[chunk]);
-      if (in_place) {
-        Passes::template scores_in_place<O>(s.qf.data(), nq, d, a.k_cache, s.k_at.data() + i, n, step, a.scale,
-                                            s.kt.data() + i, kSpanStride, s.scores.data() + i, kSpanStride);
-        continue;
+      if constexpr (!kInt8) {
+        if (in_place) {
+          Passes::template scores_in_place<O>(s.qf.data(), nq, d, a.k_cache, s.k_at.data() + i, n, step, a.scale,
+                                              s.kt.data() + i, kSpanStride, s.scores.data() + i, kSpanStride);
+          continue;
+        }
       }
-      for (int64_t j = i; j < i + n; j += kTotalVector)
-        Passes::template transpose<O>(a.k_cache, s.k_at.data() + j, std::min(kTotalVector, i + n - j), d, step,
-                                      s.kt.data() + j, kSpanStride);
+      for (int64_t j = i; j < i + n; j += kTotalVector) {
+        const int64_t keys = std::min(kTotalVector, i + n - j);
+        if constexpr (kInt8)
+          dequantize_keys<O>(a.k_cache, a.k_scales, s.k_at.data() + j, keys, d, a.block, a.keys_by_dimension,
+                             s.kt.data() + j, kSpanStride);
+        else
+          Passes::template transpose<O>(a.k_cache, s.k_at.data() + j, keys, d, step, s.kt.data() + j, kSpanStride);
+      }
       Passes::template scores<O>(s.qf.data(), nq, d, s.kt.data() + i, kSpanStride, n, a.scale, s.scores.data() + i,
                                  kSpanStride);
     }
@@ -453,12 +471,13 @@ void attention_item(const AttentionArgs<T, C>& a, const AttentionTile& tile, int
         Passes::template weights<O>(sc, lo, hi, s.m[qi], s.l[qi], s.alpha[qi]);
       }
       const float* p = s.scores.data() + r * group * kSpanStride + lo;
-      if (widened)
+      if (widened) {
         Passes::template values<O, float>(group, d, p, kSpanStride, s.vw_at.data() + lo, hi - lo, s.vw.data(),
                                           s.alpha.data() + r * group, s.acc.data() + r * group * d);
-      else
+      } else if constexpr (!kInt8) {
         Passes::template values<O, C>(group, d, p, kSpanStride, s.key_at.data() + lo, hi - lo, a.v_cache,
                                       s.alpha.data() + r * group, s.acc.data() + r * group * d);
+      }
     }
   }
   for (int64_t r = 0; r < tile.rows; ++r)

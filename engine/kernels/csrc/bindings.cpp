@@ -259,17 +259,23 @@ nxk::AttentionArgs<T, C> attention_args(const torch::Tensor& q, const torch::Ten
   };
 }
 
-// q [rows, H, d]; k_cache, v_cache [blocks, Hkv, block, d] (q's dtype, or float16 under float32 q); tables [R, nb] long;
-// owners, positions [rows] long -> [rows, H, d] float32
+// q [rows, H, d]; k_cache, v_cache [blocks, Hkv, block, d] (q's dtype, or float16 or int8 under float32 q; int8
+// with its k_scales and v_scales, cache_layout.h); tables [R, nb] long; owners, positions [rows] long ->
+// [rows, H, d] float32
 torch::Tensor attention(const std::string& isa, const torch::Tensor& q, const torch::Tensor& k_cache,
                         const torch::Tensor& v_cache, const torch::Tensor& tables, const torch::Tensor& owners,
-                        const torch::Tensor& positions, double scale, int64_t window, double softcap) {
+                        const torch::Tensor& positions, double scale, int64_t window, double softcap,
+                        const c10::optional<torch::Tensor>& k_scales, const c10::optional<torch::Tensor>& v_scales) {
   for (const auto* t : {&q, &v_cache, &tables, &owners, &positions}) check_cpu(*t, "attention input");
   nxk::check_key_cache(k_cache);
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "attention shapes");
-  const bool half_cache = q.scalar_type() == torch::kFloat32 && k_cache.scalar_type() == torch::kHalf;
-  TORCH_CHECK((q.scalar_type() == k_cache.scalar_type() || half_cache) && k_cache.scalar_type() == v_cache.scalar_type(),
-              "the cache must be in q's dtype (or float16 under float32 q), K and V alike");
+  const bool float_q = q.scalar_type() == torch::kFloat32;
+  const bool half_cache = float_q && k_cache.scalar_type() == torch::kHalf;
+  const bool int8_cache = float_q && k_cache.scalar_type() == torch::kChar;
+  TORCH_CHECK((q.scalar_type() == k_cache.scalar_type() || half_cache || int8_cache) &&
+                  k_cache.scalar_type() == v_cache.scalar_type(),
+              "the cache must be in q's dtype (or float16 or int8 under float32 q), K and V alike");
+  const std::pair<nxk::Half*, nxk::Half*> scales = nxk::cache_scales(k_cache, v_cache, k_scales, v_scales);
   TORCH_CHECK(q.size(2) == k_cache.size(3) && q.size(2) % nxk::kLanes == 0 && q.size(2) <= nxk::kMaxHeadDim,
               "head_dim must match the cache, be a multiple of ", nxk::kLanes, " and at most ", nxk::kMaxHeadDim);
   TORCH_CHECK(q.size(1) % k_cache.size(1) == 0, "query heads must be a multiple of KV heads");
@@ -284,6 +290,11 @@ torch::Tensor attention(const std::string& isa, const torch::Tensor& q, const to
     nxk::run_attention(
         t, attention_args<float, nxk::Half>(q, k_cache, v_cache, tables, owners, positions, scale, window, softcap, out),
         rows);
+  } else if (int8_cache) {
+    auto args = attention_args<float, int8_t>(q, k_cache, v_cache, tables, owners, positions, scale, window, softcap, out);
+    args.k_scales = scales.first;
+    args.v_scales = scales.second;
+    nxk::run_attention(t, args, rows);
   } else if (q.scalar_type() == torch::kFloat32) {
     nxk::run_attention(t, attention_args<float>(q, k_cache, v_cache, tables, owners, positions, scale, window, softcap, out),
                        rows);
@@ -297,9 +308,11 @@ torch::Tensor attention(const std::string& isa, const torch::Tensor& q, const to
 
 // RoPE on qk [N, heads + kv_heads, d] float32 (query heads, then key heads) -> the rotated queries
 // [N, heads, d]; each row's rotated keys and its values v [N, kv_heads, d] written at its slot of the
-// caches [blocks, kv_heads, block, d] (float32 or float16, in place; K in either layout, cache_layout.h)
+// caches [blocks, kv_heads, block, d] (float32, float16 or int8 with its scales, in place; K in either layout,
+// cache_layout.h)
 torch::Tensor rope(const std::string& isa, const torch::Tensor& qk, const torch::Tensor& v, const torch::Tensor& cos,
-                   const torch::Tensor& sin, const torch::Tensor& slots, const torch::Tensor& k_cache, const torch::Tensor& v_cache) {
+                   const torch::Tensor& sin, const torch::Tensor& slots, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                   const c10::optional<torch::Tensor>& k_scales, const c10::optional<torch::Tensor>& v_scales) {
   for (const auto* t : {&qk, &v, &cos, &sin, &slots, &v_cache}) check_cpu(*t, "rope input");
   nxk::check_key_cache(k_cache);
   for (const auto* t : {&qk, &v, &cos, &sin})
@@ -317,19 +330,22 @@ torch::Tensor rope(const std::string& isa, const torch::Tensor& qk, const torch:
   const int64_t* slot = slots.data_ptr<int64_t>();
   for (int64_t r = 0; r < rows; ++r)
     TORCH_CHECK(slot[r] >= 0 && slot[r] < k_cache.size(0) * block, "slot out of the cache");
+  const std::pair<nxk::Half*, nxk::Half*> scales = nxk::cache_scales(k_cache, v_cache, k_scales, v_scales);
   auto q = torch::empty({rows, heads, d}, qk.options());
   const auto& t = table_for(isa);
   const auto run = [&](auto* kc, auto* vc) {
     using C = std::remove_pointer_t<decltype(kc)>;
     const nxk::RopeRows<C> a{qk.data_ptr<float>(), (heads + kv_heads) * d, v.data_ptr<float>(), kv_heads * d,
                              cos.data_ptr<float>(), sin.data_ptr<float>(), slot, heads, kv_heads, d, block,
-                             q.data_ptr<float>(), kc, vc, nxk::keys_by_dimension(k_cache)};
+                             q.data_ptr<float>(), kc, vc, nxk::keys_by_dimension(k_cache), scales.first, scales.second};
     nxk::run_rope(t, a, rows, 1);
   };
   if (k_cache.scalar_type() == torch::kHalf) {
     run(reinterpret_cast<nxk::Half*>(k_cache.data_ptr<at::Half>()), reinterpret_cast<nxk::Half*>(v_cache.data_ptr<at::Half>()));
+  } else if (k_cache.scalar_type() == torch::kChar) {
+    run(k_cache.data_ptr<int8_t>(), v_cache.data_ptr<int8_t>());
   } else {
-    TORCH_CHECK(k_cache.scalar_type() == torch::kFloat32, "caches must be float32 or float16");
+    TORCH_CHECK(k_cache.scalar_type() == torch::kFloat32, "caches must be float32, float16 or int8");
     run(k_cache.data_ptr<float>(), v_cache.data_ptr<float>());
   }
   return q;
@@ -354,8 +370,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("softmax", &softmax, "softmax or log-softmax per row");
   m.def("row_stats", &row_stats, "each row's argmax and the max and log-sum of its log-softmax");
   m.def("silu_mul", &silu_mul, "silu(gate) * up (or GELU-tanh) per row of [gate | up]");
-  m.def("rope", &rope, "RoPE on query and key heads; keys and values written to the paged cache");
-  m.def("attention", &attention, "causal attention over the paged cache, read in place");
+  m.def("rope", &rope, "RoPE on query and key heads; keys and values written to the paged cache", py::arg("isa"),
+        py::arg("qk"), py::arg("v"), py::arg("cos"), py::arg("sin"), py::arg("slots"), py::arg("k_cache"),
+        py::arg("v_cache"), py::arg("k_scales") = py::none(), py::arg("v_scales") = py::none());
+  m.def("attention", &attention, "causal attention over the paged cache, read in place", py::arg("isa"), py::arg("q"),
+        py::arg("k_cache"), py::arg("v_cache"), py::arg("tables"), py::arg("owners"), py::arg("positions"),
+        py::arg("scale"), py::arg("window"), py::arg("softcap"), py::arg("k_scales") = py::none(),
+        py::arg("v_scales") = py::none());
   py::class_<nxk::DecoderStack>(m, "DecoderStack", "every decoder layer over a step's rows in one call (decoder.h)")
       .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, int64_t>(), py::arg("hidden"),
            py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("intermediate"), py::arg("eps"),

@@ -27,12 +27,15 @@ void check_cpu(const torch::Tensor& t, const char* what) {
 // a cache as the kernels read and write it (float16 as nxk::Half: its bits)
 float* kernel_view(float* cache) { return cache; }
 Half* kernel_view(at::Half* cache) { return reinterpret_cast<Half*>(cache); }
+int8_t* kernel_view(int8_t* cache) { return cache; }
 
-// fn(k, v) with a layer's caches as typed pointers (float* or at::Half*), resolved once per layer
+// fn(k, v) with a layer's caches as typed pointers (float*, at::Half* or int8_t*), resolved once per layer
 template <class F>
 void with_caches(const DecoderLayer& layer, const F& fn) {
   if (layer.k_cache.scalar_type() == torch::kHalf) {
     fn(layer.k_cache.data_ptr<at::Half>(), layer.v_cache.data_ptr<at::Half>());
+  } else if (layer.k_cache.scalar_type() == torch::kChar) {
+    fn(layer.k_cache.data_ptr<int8_t>(), layer.v_cache.data_ptr<int8_t>());
   } else {
     fn(layer.k_cache.data_ptr<float>(), layer.v_cache.data_ptr<float>());
   }
@@ -160,7 +163,7 @@ void DecoderStack::add_layer(const torch::Tensor& input_norm, const torch::Tenso
                              const torch::Tensor& o, int64_t o_format, const torch::Tensor& post_norm,
                              const torch::Tensor& gate_up, int64_t gate_up_format, const torch::Tensor& down,
                              int64_t down_format, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                             const torch::Tensor& qkv_bias, const torch::Tensor& q_norm, const torch::Tensor& k_norm,
+                             const torch::Tensor& k_scales, const torch::Tensor& v_scales, const torch::Tensor& qkv_bias, const torch::Tensor& q_norm, const torch::Tensor& k_norm,
                              const std::vector<int64_t>& context_formats) {
   check_float(input_norm, "input norm");
   check_float(post_norm, "post-attention norm");
@@ -168,9 +171,11 @@ void DecoderStack::add_layer(const torch::Tensor& input_norm, const torch::Tenso
   check_key_cache(k_cache);
   check_cpu(v_cache, "V cache");
   for (const auto* cache : {&k_cache, &v_cache}) {
-    TORCH_CHECK(cache->scalar_type() == torch::kFloat32 || cache->scalar_type() == torch::kHalf,
-                "KV caches must be float32 or float16");
+    TORCH_CHECK(cache->scalar_type() == torch::kFloat32 || cache->scalar_type() == torch::kHalf ||
+                    cache->scalar_type() == torch::kChar,
+                "KV caches must be float32, float16 or int8");
   }
+  (void)cache_scales(k_cache, v_cache, k_scales, v_scales);  // checked here, read per step
   TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type() &&
                   (layers_.empty() || layers_[0].k_cache.scalar_type() == k_cache.scalar_type()),
               "every layer's K and V caches share one dtype");
@@ -199,6 +204,8 @@ void DecoderStack::add_layer(const torch::Tensor& input_norm, const torch::Tenso
       held(down, down_format, context(3, down_format), hidden_, intermediate_),
       k_cache,
       v_cache,
+      k_scales,
+      v_scales,
       qkv_bias,
       q_norm,
       k_norm,
@@ -281,13 +288,15 @@ torch::Tensor DecoderStack::forward(const std::string& isa, const torch::Tensor&
       const auto k_view = kernel_view(kc);
       using C = std::remove_pointer_t<decltype(k_view)>;
       const bool by_dimension = keys_by_dimension(layer.k_cache);
+      Half* k_scales = layer.k_scales.numel() > 0 ? reinterpret_cast<Half*>(layer.k_scales.data_ptr<at::Half>()) : nullptr;
+      Half* v_scales = layer.v_scales.numel() > 0 ? reinterpret_cast<Half*>(layer.v_scales.data_ptr<at::Half>()) : nullptr;
       const RopeRows<C> rope{qk_src, qk_stride, qkv_.data() + q_size + kv_size, qkv_n, cs, sn, slot, heads_,
-                             kv_heads_, d, block, q_.data(), k_view, kernel_view(vc), by_dimension};
+                             kv_heads_, d, block, q_.data(), k_view, kernel_view(vc), by_dimension, k_scales, v_scales};
       run_rope(t, rope, rows, kRowGrain);
       const AttentionArgs<float, C> args{
           q_.data(), k_view, kernel_view(vc), tables.data_ptr<int64_t>(), tables.size(1), owners.data_ptr<int64_t>(),
           positions.data_ptr<int64_t>(), heads_, kv_heads_, d, block, static_cast<float>(scale_), window_, 0.0f,
-          attn_.data(), by_dimension};  // [N, heads * d] into attn_
+          attn_.data(), by_dimension, k_scales, v_scales};  // [N, heads * d] into attn_
       run_attention(t, args, live);
     });
     if (live == 0) continue;

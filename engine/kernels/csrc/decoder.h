@@ -33,7 +33,8 @@ struct HeldLinear {
 struct DecoderLayer {
   torch::Tensor input_norm, post_norm;  // [hidden] float32
   HeldLinear qkv, o, gate_up, down;     // [q + 2 kv, hidden], [hidden, q], [2 inter, hidden], [hidden, inter]
-  torch::Tensor k_cache, v_cache;       // [blocks, kv_heads, block, head_dim] float32 or float16
+  torch::Tensor k_cache, v_cache;       // [blocks, kv_heads, block, head_dim] float32, float16 or int8
+  torch::Tensor k_scales, v_scales;     // an int8 cache's scales (kv_int8.h, cache_layout.h), else empty
   torch::Tensor qkv_bias;               // [q + 2 kv] float32, or empty (no bias)
   torch::Tensor q_norm, k_norm;         // [head_dim] float32 each, or empty (no per-head norm)
 };
@@ -47,11 +48,13 @@ class DecoderStack {
   // Appends a layer (mutates). Weights and caches are held by reference: the tensors' contents may
   // change between steps; a replaced tensor needs a new stack. An empty qkv_bias, q_norm or k_norm
   // means the family has none (families differ by data, not by code). context_formats: the formats of
-  // qkv, o, gate_up and down for context rows (HeldLinear), or empty: their own formats.
+  // qkv, o, gate_up and down for context rows (HeldLinear), or empty: their own formats. k_scales and
+  // v_scales: an int8 cache's scales, empty tensors for a float cache.
   void add_layer(const torch::Tensor& input_norm, const torch::Tensor& qkv, int64_t qkv_format, const torch::Tensor& o,
                  int64_t o_format, const torch::Tensor& post_norm, const torch::Tensor& gate_up,
                  int64_t gate_up_format, const torch::Tensor& down, int64_t down_format, const torch::Tensor& k_cache,
-                 const torch::Tensor& v_cache, const torch::Tensor& qkv_bias, const torch::Tensor& q_norm,
+                 const torch::Tensor& v_cache, const torch::Tensor& k_scales, const torch::Tensor& v_scales,
+                 const torch::Tensor& qkv_bias, const torch::Tensor& q_norm,
                  const torch::Tensor& k_norm, const std::vector<int64_t>& context_formats);
 
   // The last layer's linear ``which`` (0 qkv, 1 o, 2 gate_up, 3 down; add_layer was given an empty

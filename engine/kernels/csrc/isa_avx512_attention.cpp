@@ -267,6 +267,7 @@ void use_avx512_attention(KernelTable& t) {
   t.attention_f32 = &attention_items<Avx2Vec, float, float, SixteenLanePasses>;
   t.attention_bf16 = &attention_items<Avx2Vec, uint16_t, uint16_t, SixteenLanePasses>;
   t.attention_f32_f16 = &attention_items<Avx2Vec, float, Half, SixteenLanePasses>;
+  t.attention_f32_i8 = &attention_items<Avx2Vec, float, int8_t, SixteenLanePasses>;
 }
 
 }  // namespace nxk

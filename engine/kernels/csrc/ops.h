@@ -148,6 +148,8 @@ void run_rope(const KernelTable& t, const RopeRows<C>& a, int64_t rows, int64_t 
   at::parallel_for(0, rows, grain, [&](int64_t b, int64_t e) {
     if constexpr (std::is_same_v<C, Half>) {
       t.rope_rows_f16(a, b, e);
+    } else if constexpr (std::is_same_v<C, int8_t>) {
+      t.rope_rows_i8(a, b, e);
     } else {
       t.rope_rows_f32(a, b, e);
     }
@@ -171,6 +173,9 @@ void run_attention(const KernelTable& t, const AttentionArgs<T, C>& a, int64_t r
     if constexpr (std::is_same_v<C, Half>) {
       static_assert(std::is_same_v<T, float>, "a float16 cache is read under float32 queries");
       t.attention_f32_f16(a, tiles.data(), items, claim, &next);
+    } else if constexpr (std::is_same_v<C, int8_t>) {
+      static_assert(std::is_same_v<T, float>, "an int8 cache is read under float32 queries");
+      t.attention_f32_i8(a, tiles.data(), items, claim, &next);
     } else if constexpr (std::is_same_v<T, float>) {
       t.attention_f32(a, tiles.data(), items, claim, &next);
     } else {

@@ -4,18 +4,21 @@
 // Elementwise: each output is two products and one sum or difference, each rounded once, as the
 // layer-by-layer path's x * cos + rotate_half(x) * sin computes it (rotate_half negates exactly, and
 // a + (-b) is a - b), so the lanes, the scalar loop and every table give the same bits. A float16 cache
-// stores each value rounded to nearest even (vec.h float_to_f16, F16C's rounding).
+// stores each value rounded to nearest even (vec.h float_to_f16, F16C's rounding); an int8 cache each
+// row's groups of values with their scales (kv_int8.h).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels.h"
+#include "kv_int8.h"
 #include "vec.h"
 
 namespace nxk {
 
-// One step's rows for rope_rows; C: the cache's element type (float or Half)
+// One step's rows for rope_rows; C: the cache's element type (float, Half or int8_t)
 template <class C>
 struct RopeRows {
   const float* qk;        // [N, qk_stride]: each row's query heads, then its key heads (from heads * d)
@@ -30,6 +33,8 @@ struct RopeRows {
   C* k_cache;             // [blocks, kv_heads, block, d], or [blocks, kv_heads, d, block] by dimension
   C* v_cache;             // [blocks, kv_heads, block, d]
   bool keys_by_dimension = false;  // the K cache's layout (cache_layout.h)
+  Half* k_scales = nullptr;        // an int8 cache's scales (kv_int8.h), laid out as K
+  Half* v_scales = nullptr;        //   and as V
 };
 
 // out[i] = x[i] cos[i] - x[i + d/2] sin[i] for i < d/2, x[i] cos[i] + x[i - d/2] sin[i] after; in lanes
@@ -61,6 +66,22 @@ void store_cache_row(Half* dst, const float* src, int64_t d) {
   for (; i < d; ++i) dst[i].bits = float_to_f16(src[i]);
 }
 
+// A rotated key's d values into an int8 K cache with their scales, at `offset` of the head block starting at
+// head_block (by dimension: value c at head_block + c * block + offset)
+inline void store_int8_key(const RopeRows<int8_t>& a, const float* key, int64_t head_block, int64_t offset) {
+  const int64_t d = a.d, at = head_block + offset * d;
+  int8_t q[kMaxHeadDim];
+  Half scales[kMaxHeadDim / kKvGroup + 1];
+  quantize_kv_row(key, d, q, scales);
+  if (!a.keys_by_dimension) {
+    std::memcpy(a.k_cache + at, q, d);
+    std::memcpy(a.k_scales + row_scale_at(at, d, 0), scales, kv_groups(d) * sizeof(Half));
+    return;
+  }
+  for (int64_t c = 0; c < d; ++c) a.k_cache[head_block + c * a.block + offset] = q[c];
+  for (int64_t c = 0; c < d; c += kKvGroup) a.k_scales[column_scale_at(head_block + offset, d, a.block, c)] = scales[c / kKvGroup];
+}
+
 // rows [begin, end): the query heads rotated into q_out; each KV head's key rotated and stored, with its
 // value, at the row's slot (each row writes its own slot, so rows may go to any thread)
 template <class O, class C>
@@ -76,14 +97,20 @@ void rope_rows(const RopeRows<C>& a, int64_t begin, int64_t end) {
     for (int64_t g = 0; g < a.kv_heads; ++g) {
       const int64_t head_block = (block * a.kv_heads + g) * a.block * d, at = head_block + offset * d;
       rotate_half<O>(src + (a.heads + g) * d, cos, sin, d, key);
-      if (a.keys_by_dimension) {  // value c at head_block + c * block + offset, each rounded as by row
-        C row[kMaxHeadDim];
-        store_cache_row<O>(row, key, d);
-        for (int64_t c = 0; c < d; ++c) a.k_cache[head_block + c * a.block + offset] = row[c];
+      const float* value = a.v + r * a.v_stride + g * d;
+      if constexpr (std::is_same_v<C, int8_t>) {
+        store_int8_key(a, key, head_block, offset);
+        quantize_kv_row(value, d, a.v_cache + at, a.v_scales + row_scale_at(at, d, 0));
       } else {
-        store_cache_row<O>(a.k_cache + at, key, d);
+        if (a.keys_by_dimension) {  // value c at head_block + c * block + offset, each rounded as by row
+          C row[kMaxHeadDim];
+          store_cache_row<O>(row, key, d);
+          for (int64_t c = 0; c < d; ++c) a.k_cache[head_block + c * a.block + offset] = row[c];
+        } else {
+          store_cache_row<O>(a.k_cache + at, key, d);
+        }
+        store_cache_row<O>(a.v_cache + at, value, d);
       }
-      store_cache_row<O>(a.v_cache + at, a.v + r * a.v_stride + g * d, d);
     }
   }
 }

@@ -26,6 +26,7 @@ struct KernelTable {
   Attention<float> attention_f32;
   Attention<uint16_t> attention_bf16;
   Attention<float, Half> attention_f32_f16;  // float16 cache
+  Attention<float, int8_t> attention_f32_i8;  // int8 cache (kv_int8.h)
   void (*rms_norm_f32)(const float*, int64_t, float, float*, int64_t, int64_t);
   void (*rms_norm_bf16)(const uint16_t*, int64_t, float, float*, int64_t, int64_t);
   void (*softmax)(const float*, int64_t, bool, float*, int64_t, int64_t);
@@ -43,9 +44,10 @@ struct KernelTable {
   // a step's rows quantized for those (qdot.h quantize_rows: the same results in every table)
   void (*quantize_i8)(const float*, int64_t, int8_t*, float*, int32_t*, int64_t, int64_t);
   void (*quantize_i16)(const float*, int64_t, int16_t*, float*, int32_t*, int64_t, int64_t);
-  // RoPE on a step's rows and their keys and values into a float32 or float16 cache (rope.h)
+  // RoPE on a step's rows and their keys and values into a float32, float16 or int8 cache (rope.h)
   void (*rope_rows_f32)(const RopeRows<float>&, int64_t, int64_t);
   void (*rope_rows_f16)(const RopeRows<Half>&, int64_t, int64_t);
+  void (*rope_rows_i8)(const RopeRows<int8_t>&, int64_t, int64_t);
 };
 
 // fn(std::integral_constant<int, F>{}) for every base format F (quantized.h), in order: the loop that
@@ -88,6 +90,7 @@ KernelTable make_table(const char* name) {
   t.attention_f32 = &attention_items<O, float>;
   t.attention_bf16 = &attention_items<O, uint16_t>;
   t.attention_f32_f16 = &attention_items<O, float, Half>;
+  t.attention_f32_i8 = &attention_items<O, float, int8_t>;
   t.rms_norm_f32 = &rms_norm_rows<O, float>;
   t.rms_norm_bf16 = &rms_norm_rows<O, uint16_t>;
   t.softmax = &softmax_rows<O>;
@@ -103,6 +106,7 @@ KernelTable make_table(const char* name) {
   t.quantize_i16 = &quantize_rows<int16_t>;
   t.rope_rows_f32 = &rope_rows<O, float>;
   t.rope_rows_f16 = &rope_rows<O, Half>;
+  t.rope_rows_i8 = &rope_rows<O, int8_t>;
   return t;
 }
 

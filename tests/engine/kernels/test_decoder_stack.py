@@ -153,7 +153,10 @@ def test_every_instruction_set_and_thread_count_gives_the_same_stack_bits():
                 for layer, (n1, qkv, o, n2, gate_up, down) in enumerate(weights):
                     k, v = caches[2 * layer], caches[2 * layer + 1]
                     extras = family_parts if layer == 0 else (torch.empty(0),) * 3  # bias, q norm, k norm
-                    stack.add_layer(n1, qkv, -1, o, -1, n2, gate_up, -1, down, -1, k, v, *extras, [])
+                    no_scales = (torch.empty(0),) * 2  # float caches
+                    stack.add_layer(
+                        n1, qkv, -1, o, -1, n2, gate_up, -1, down, -1, k, v, *no_scales, *extras, []
+                    )
                 out = stack.forward(isa, x, slots, angles.cos(), angles.sin(), tables, owners, positions, 0)
                 results.append((out, *caches))
     finally:
@@ -191,7 +194,9 @@ def test_the_stack_returns_only_the_rows_before_the_context_rows():
         for layer, (qkv, o, gate_up, down) in enumerate(weights):
             none = torch.empty(0)
             k, v = caches[2 * layer], caches[2 * layer + 1]
-            stack.add_layer(norm, qkv, -1, o, -1, norm, gate_up, -1, down, -1, k, v, none, none, none, [])
+            stack.add_layer(
+                norm, qkv, -1, o, -1, norm, gate_up, -1, down, -1, k, v, none, none, none, none, none, []
+            )
         args = (x, slots, angles.cos(), angles.sin(), tables, owners, positions, context_rows)
         runs.append((stack.forward(kernels.backend().name, *args), caches))
     (full, full_caches), (narrowed, narrowed_caches) = runs
