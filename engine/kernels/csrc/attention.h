@@ -163,11 +163,30 @@ float exp_one(float x) {
   return lanes[0];
 }
 
+// Where an int8 V cache's scales are (kv_int8.h), for a value pass over dimensions from dim0 of rows d long
+// (float caches: none, never read)
+struct ValueScales {
+  const Half* at = nullptr;
+  int64_t d = 0, dim0 = 0;
+  // the scale of the pass's value c of the row at offset `row`
+  float of(int64_t row, int64_t c) const { return to_float(at[row_scale_at(row, d, dim0 + c)]); }
+};
+
+// A cache's kLanes values at p as floats: as they are, widened, or (int8) times their group's scale s
+template <class O, class C>
+typename O::V load_scaled(const C* p, float s) {
+  if constexpr (std::is_same_v<C, int8_t>)
+    return O::mul(O::load_i8(p), O::set1(s));
+  else
+    return O::load(p);
+}
+
 // For HP heads of one row, acc_h = acc_h * alpha_h, then acc_h = fma(p_h[j], v_j, acc_h) for the L keys at
-// key_at in order: one chain per (head, output lane); every V vector is loaded once for the HP heads
+// key_at in order: one chain per (head, output lane); every V vector is loaded once for the HP heads (an
+// int8 row's values as q * s: the values a float32 cache of them holds)
 template <class O, class C, int HP, int N>
 [[gnu::noinline]] void span_values(const float* p, int64_t p_stride, const int64_t* key_at, int64_t L, const C* v, const float* alpha,
-                 float* acc, int64_t acc_stride) {
+                 float* acc, int64_t acc_stride, ValueScales scales) {
   using V = typename O::V;
   V a[HP][N];
   for (int h = 0; h < HP; ++h)
@@ -177,7 +196,7 @@ template <class O, class C, int HP, int N>
     V pj[HP];
     for (int h = 0; h < HP; ++h) pj[h] = O::set1(p[h * p_stride + j]);
     for (int t = 0; t < N; ++t) {
-      const V vt = O::load(vp + t * kLanes);
+      const V vt = load_scaled<O>(vp + t * kLanes, std::is_same_v<C, int8_t> ? scales.of(key_at[j], t * kLanes) : 1.0f);
       for (int h = 0; h < HP; ++h) a[h][t] = O::fma(pj[h], vt, a[h][t]);
     }
   }
@@ -206,15 +225,26 @@ template <class O, int QB, int KB>
 }
 
 // QB query vectors' scores against one vector of keys read in place: key u's value at dimension c at
-// k + c * step + u (a block's keys side by side, by dimension): score_block's chains
+// k + c * step + u (a block's keys side by side, by dimension): score_block's chains. An int8 cache's keys
+// are read as q * s, key u's scale of group g at ks[g * step + u] (kv_int8.h)
 template <class O, int QB, class C>
-[[gnu::noinline]] void direct_score_block(const float* qf, int64_t d, const C* k, int64_t step, float scale, float* sc, int64_t sc_stride) {
+[[gnu::noinline]] void direct_score_block(const float* qf, int64_t d, const C* k, int64_t step, float scale, float* sc,
+                                          int64_t sc_stride, const Half* ks) {
   using V = typename O::V;
+  constexpr bool kInt8 = std::is_same_v<C, int8_t>;
   V acc[QB];
   for (int i = 0; i < QB; ++i) acc[i] = O::zero();
-  for (int64_t c = 0; c < d; ++c) {
-    const V kv = O::load(k + c * step);
-    for (int i = 0; i < QB; ++i) acc[i] = O::fma(O::set1(qf[i * d + c]), kv, acc[i]);
+  for (int64_t c0 = 0; c0 < d; c0 += kInt8 ? kKvGroup : d) {
+    V s = O::zero();
+    if constexpr (kInt8) s = O::load(ks + c0 / kKvGroup * step);
+    for (int64_t c = c0; c < std::min(d, c0 + (kInt8 ? kKvGroup : d)); ++c) {
+      V kv;
+      if constexpr (kInt8)
+        kv = O::mul(O::load_i8(k + c * step), s);
+      else
+        kv = O::load(k + c * step);
+      for (int i = 0; i < QB; ++i) acc[i] = O::fma(O::set1(qf[i * d + c]), kv, acc[i]);
+    }
   }
   for (int i = 0; i < QB; ++i) O::store(sc + i * sc_stride, O::mul(acc[i], O::set1(scale)));
 }
@@ -303,34 +333,49 @@ struct EightLanePasses {
   }
 
   // scores() of n keys (by dimension, step apart) read in place where a whole vector of them is one run of a
-  // block's keys, else through transpose() into kt (a decode row: no keys to share, so no copy to make)
+  // block's keys, else through transpose() into kt (a decode row: no keys to share, so no copy to make); an
+  // int8 cache's keys with their scales (kv_int8.h)
   template <class O, class C>
   static void scores_in_place(const float* qf, int64_t nq, int64_t d, const C* cache, const int64_t* k_at, int64_t n,
-                              int64_t step, float scale, float* kt, int64_t kt_stride, float* sc, int64_t sc_stride) {
+                              int64_t step, float scale, float* kt, int64_t kt_stride, float* sc, int64_t sc_stride,
+                              const Half* k_scales) {
     constexpr int kQueries = 4;
     for (int64_t u = 0; u < n; u += kLanes) {
       if (k_at[u] < 0 || k_at[u + kLanes - 1] != k_at[u] + kLanes - 1) {
-        transpose<O>(cache, k_at + u, kLanes, d, step, kt + u, kt_stride);
+        widen_keys<O>(cache, k_scales, k_at + u, kLanes, d, step, kt + u, kt_stride);
         scores<O>(qf, nq, d, kt + u, kt_stride, kLanes, scale, sc + u, sc_stride);
         continue;
       }
+      const Half* ks = std::is_same_v<C, int8_t> ? k_scales + column_scale_at(k_at[u], d, step, 0) : nullptr;
       for (int64_t q0 = 0; q0 < nq; q0 += kQueries)
         by_count<kQueries>(nq - q0, [&](auto queries) {
           direct_score_block<O, decltype(queries)::value>(qf + q0 * d, d, cache + k_at[u], step, scale,
-                                                          sc + q0 * sc_stride + u, sc_stride);
+                                                          sc + q0 * sc_stride + u, sc_stride, ks);
         });
     }
   }
 
+  // transpose() for the keys of a decode row by dimension (step the block size), an int8 cache's as q * s
+  template <class O, class C>
+  static void widen_keys(const C* cache, const Half* k_scales, const int64_t* k_at, int64_t n, int64_t d,
+                         int64_t step, float* kt, int64_t stride) {
+    if constexpr (std::is_same_v<C, int8_t>)
+      dequantize_keys<O>(cache, k_scales, k_at, n, d, step, true, kt, stride);
+    else
+      transpose<O>(cache, k_at, n, d, step, kt, stride);
+  }
+
   // acc_h = acc_h * alpha_h + sum over the L keys at key_at of p_h[j] * v_j, for one row's `group` heads
   // (head h's weights at p + h * p_stride, its acc at acc + h * d)
+  // (an int8 cache's rows with their scales v_scales, kv_int8.h)
   template <class O, class C>
   static void values(int64_t group, int64_t d, const float* p, int64_t p_stride, const int64_t* key_at, int64_t L,
-                     const C* v_cache, const float* alpha, float* acc) {
+                     const C* v_cache, const float* alpha, float* acc, const Half* v_scales = nullptr) {
     value_pieces<kValueAccumulators>(
         kLanes, group, d, p, p_stride, v_cache, alpha, acc,
         [&](auto heads, auto vectors, const float* ph, const C* v, const float* al, float* o) {
-          span_values<O, C, decltype(heads)::value, decltype(vectors)::value>(ph, p_stride, key_at, L, v, al, o, d);
+          span_values<O, C, decltype(heads)::value, decltype(vectors)::value>(ph, p_stride, key_at, L, v, al, o, d,
+                                                                              {v_scales, d, v - v_cache});
         });
   }
 };
@@ -374,6 +419,22 @@ void prefetch_keys(const C* cache, const int64_t* at, int64_t n, int64_t d, int6
   }
 }
 
+// An int8 cache's K and V scales of the head block starting at `at` toward L1 (Locality 3) or L2 (2): both
+// laid out block * groups values from at / d * groups (kv_int8.h)
+template <class T, class C>
+void prefetch_block_scales(const AttentionArgs<T, C>& a, int64_t at, int locality) {
+  const int64_t first = at / a.d * kv_groups(a.d), count = a.block * kv_groups(a.d);
+  for (int64_t i = 0; i < count; i += 32) {
+    if (locality == 3) {
+      __builtin_prefetch(a.k_scales + first + i, 0, 3);
+      __builtin_prefetch(a.v_scales + first + i, 0, 3);
+    } else {
+      __builtin_prefetch(a.k_scales + first + i, 0, 2);
+      __builtin_prefetch(a.v_scales + first + i, 0, 2);
+    }
+  }
+}
+
 // One block's K and V of one head (block * d values in a row, in either layout, at `at`) into L2
 template <class T, class C>
 void prefetch_block(const AttentionArgs<T, C>& a, int64_t at) {
@@ -381,7 +442,9 @@ void prefetch_block(const AttentionArgs<T, C>& a, int64_t at) {
     __builtin_prefetch(a.k_cache + at + i, 0, 2);
     __builtin_prefetch(a.v_cache + at + i, 0, 2);
   }
+  if constexpr (std::is_same_v<C, int8_t>) prefetch_block_scales(a, at, 2);
 }
+
 
 // The blocks of head g holding the span keys [s0, s0 + n) into L2, K's and V's
 template <class T, class C>
@@ -407,10 +470,9 @@ void attention_item(const AttentionArgs<T, C>& a, const AttentionTile& tile, int
     for (int64_t i = 0; i < group * d; ++i) s.qf[r * group * d + i] = to_float(qrow[i]);
   }
   const int64_t* table = a.tables + a.owners[tile.row] * a.table_width;
-  constexpr bool kInt8 = std::is_same_v<C, int8_t>;  // read as q * s (kv_int8.h): always widened first
-  // 16-bit V rows read by several rows, and every int8 V row
-  const bool widened = kInt8 || (tile.rows > 1 && !std::is_same_v<C, float>);
-  const bool in_place = !kInt8 && tile.rows == 1 && a.keys_by_dimension;  // a decode row: scores straight from the cache
+  constexpr bool kInt8 = std::is_same_v<C, int8_t>;  // read as q * s (kv_int8.h)
+  const bool widened = tile.rows > 1 && !std::is_same_v<C, float>;  // 16-bit or int8 V rows read by several rows
+  const bool in_place = tile.rows == 1 && a.keys_by_dimension;  // a decode row: scores straight from the cache
   const int64_t tile_lo = first_key(a, a.positions[tile.row]), tile_hi = a.positions[tile.row + tile.rows - 1] + 1;
   for (int64_t s0 = tile_lo / kSpan * kSpan; s0 < tile_hi; s0 += kSpan) {
     const int64_t ka = std::max(s0, tile_lo) - s0, kb = std::min(s0 + kSpan, tile_hi) - s0;  // span-local
@@ -434,6 +496,12 @@ void attention_item(const AttentionArgs<T, C>& a, const AttentionTile& tile, int
       const int64_t n = std::min(kScoreKeys, vb - i), ahead = std::min(i + kKeysAhead, vb);
       const int64_t far = std::clamp<int64_t>(vb - i - kKeysAhead, 0, n);
       prefetch_keys(a.k_cache, s.k_at.data() + ahead, far, d, step);  // K kKeysAhead keys on into L1
+      if constexpr (kInt8)  // and the scales of those keys' blocks
+        for (int64_t j = ahead, last = -1; j < ahead + far; ++j) {
+          const int64_t head_block = s.key_at[j] < 0 ? -1 : s.key_at[j] / (a.block * d);
+          if (head_block >= 0 && head_block != last) prefetch_block_scales(a, head_block * a.block * d, 3);
+          last = head_block;
+        }
       // V into L2 (read after every score): a decode row's keys ahead, a tile's these (unless widened)
       if (in_place)
         prefetch_keys<2>(a.v_cache, s.key_at.data() + ahead, far, d, 1);
@@ -441,12 +509,10 @@ void attention_item(const AttentionArgs<T, C>& a, const AttentionTile& tile, int
         prefetch_keys<2>(a.v_cache, s.key_at.data() + i, n, d, 1);
       const int64_t chunk = (i - va) / kScoreKeys;  // the next item's first blocks, one a chunk
       if (s0 <= tile_lo && chunk < static_cast<int64_t>(s.following.size())) prefetch_block(a, s.following[chunk]);
-      if constexpr (!kInt8) {
-        if (in_place) {
-          Passes::template scores_in_place<O>(s.qf.data(), nq, d, a.k_cache, s.k_at.data() + i, n, step, a.scale,
-                                              s.kt.data() + i, kSpanStride, s.scores.data() + i, kSpanStride);
-          continue;
-        }
+      if (in_place) {
+        Passes::template scores_in_place<O>(s.qf.data(), nq, d, a.k_cache, s.k_at.data() + i, n, step, a.scale,
+                                            s.kt.data() + i, kSpanStride, s.scores.data() + i, kSpanStride, a.k_scales);
+        continue;
       }
       for (int64_t j = i; j < i + n; j += kTotalVector) {
         const int64_t keys = std::min(kTotalVector, i + n - j);
@@ -474,9 +540,9 @@ void attention_item(const AttentionArgs<T, C>& a, const AttentionTile& tile, int
       if (widened) {
         Passes::template values<O, float>(group, d, p, kSpanStride, s.vw_at.data() + lo, hi - lo, s.vw.data(),
                                           s.alpha.data() + r * group, s.acc.data() + r * group * d);
-      } else if constexpr (!kInt8) {
+      } else {
         Passes::template values<O, C>(group, d, p, kSpanStride, s.key_at.data() + lo, hi - lo, a.v_cache,
-                                      s.alpha.data() + r * group, s.acc.data() + r * group * d);
+                                      s.alpha.data() + r * group, s.acc.data() + r * group * d, a.v_scales);
       }
     }
   }

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "vec.h"
 
@@ -30,6 +31,9 @@ inline __m512 load_values(const uint16_t* p) {  // bfloat16, exact
 }
 inline __m512 load_values(const Half* p) {  // float16, exact
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 load_values(const int8_t* p) {  // int8 values q, exact (times their scale: kv_int8.h)
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
 // r[i] = column i of the 16 x 16 matrix whose row j is r[j] (lane i of r[j])
@@ -78,10 +82,10 @@ template <int QB, int KB>
     for (int b = 0; b < KB; ++b) _mm512_storeu_ps(sc + i * sc_stride + b * kWide, _mm512_mul_ps(acc[i][b], s));
 }
 
-// span_values 16 lanes a vector (lane i of vector t is output dimension 16 t + i)
+// span_values 16 lanes a vector (lane i of vector t is output dimension 16 t + i; an int8 row's values as q * s)
 template <class C, int HP, int N>
 [[gnu::noinline]] void wide_span_values(const float* p, int64_t p_stride, const int64_t* key_at, int64_t L, const C* v,
-                      const float* alpha, float* acc, int64_t acc_stride) {
+                      const float* alpha, float* acc, int64_t acc_stride, ValueScales scales) {
   __m512 a[HP][N];
   for (int h = 0; h < HP; ++h)
     for (int t = 0; t < N; ++t)
@@ -94,7 +98,9 @@ template <class C, int HP, int N>
     __m512 pj[HP];
     for (int h = 0; h < HP; ++h) pj[h] = _mm512_set1_ps(p[h * p_stride + j]);
     for (int t = 0; t < N; ++t) {
-      const __m512 vt = load_values(vp + t * kWide);
+      __m512 vt = load_values(vp + t * kWide);
+      if constexpr (std::is_same_v<C, int8_t>)  // the scale widened by F16C (vec.h's to_float is scalar code)
+        vt = _mm512_mul_ps(vt, _mm512_set1_ps(_cvtsh_ss(scales.at[row_scale_at(key_at[j], scales.d, scales.dim0 + t * kWide)].bits)));
       for (int h = 0; h < HP; ++h) a[h][t] = _mm512_fmadd_ps(pj[h], vt, a[h][t]);
     }
   }
@@ -128,18 +134,28 @@ struct Avx512Vec {
 // direct_score_block 16 lanes a vector: one block's 16 keys read in place, by dimension. The three
 // inner kernels are functions of their own (noinline): inlined into the item's loop, the compiler kept
 // their pointers on the stack, and each load waited on a store of its address.
+// An int8 cache's keys are read as q * s, run b's scales of group g at ks[b] + g * step (kv_int8.h).
 template <int QB, int KB, class C>
 [[gnu::noinline]] void wide_direct_score_block(const float* qf, int64_t d, const C* const* k, int64_t step, float scale,
-                                               float* const* sc, int64_t sc_stride) {
+                                               float* const* sc, int64_t sc_stride, const Half* const* ks) {
+  constexpr bool kInt8 = std::is_same_v<C, int8_t>;
   __m512 acc[QB][KB];  // KB keys' vectors side by side: QB x KB chains in flight (three alone wait on fma latency)
   for (int i = 0; i < QB; ++i)
     for (int b = 0; b < KB; ++b) acc[i][b] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < d; ++c) {
-    __m512 kv[KB];
-    for (int b = 0; b < KB; ++b) kv[b] = load_values(k[b] + c * step);
-    for (int i = 0; i < QB; ++i) {
-      const __m512 qv = _mm512_set1_ps(qf[i * d + c]);
-      for (int b = 0; b < KB; ++b) acc[i][b] = _mm512_fmadd_ps(qv, kv[b], acc[i][b]);
+  for (int64_t c0 = 0; c0 < d; c0 += kInt8 ? kKvGroup : d) {
+    __m512 s[KB];
+    if constexpr (kInt8)
+      for (int b = 0; b < KB; ++b) s[b] = load_values(ks[b] + c0 / kKvGroup * step);
+    for (int64_t c = c0; c < std::min(d, c0 + (kInt8 ? kKvGroup : d)); ++c) {
+      __m512 kv[KB];
+      for (int b = 0; b < KB; ++b) {
+        kv[b] = load_values(k[b] + c * step);
+        if constexpr (kInt8) kv[b] = _mm512_mul_ps(kv[b], s[b]);
+      }
+      for (int i = 0; i < QB; ++i) {
+        const __m512 qv = _mm512_set1_ps(qf[i * d + c]);
+        for (int b = 0; b < KB; ++b) acc[i][b] = _mm512_fmadd_ps(qv, kv[b], acc[i][b]);
+      }
     }
   }
   const __m512 s = _mm512_set1_ps(scale);
@@ -204,9 +220,11 @@ struct SixteenLanePasses {
   // EightLanePasses::scores_in_place over 16-key vectors, up to four runs at a time
   template <class O, class C>
   static void scores_in_place(const float* qf, int64_t nq, int64_t d, const C* cache, const int64_t* k_at, int64_t n,
-                              int64_t step, float scale, float* kt, int64_t kt_stride, float* sc, int64_t sc_stride) {
+                              int64_t step, float scale, float* kt, int64_t kt_stride, float* sc, int64_t sc_stride,
+                              const Half* k_scales) {
     constexpr int kQueries = 6, kRuns = 4;  // 24 accumulators
     const C* runs[kRuns];
+    const Half* run_scales[kRuns] = {};  // an int8 cache's: each run's scales of group 0
     float* outs[kRuns];
     int pending = 0;
     const auto flush = [&] {
@@ -216,17 +234,21 @@ struct SixteenLanePasses {
           for (int b = 0; b < pending; ++b) at[b] = outs[b] + q0 * sc_stride;
           by_count<kRuns>(pending, [&](auto keys) {
             wide_direct_score_block<decltype(queries)::value, decltype(keys)::value>(qf + q0 * d, d, runs, step, scale,
-                                                                                    at, sc_stride);
+                                                                                    at, sc_stride, run_scales);
           });
         });
       pending = 0;
     };
     for (int64_t u = 0; u < n; u += kWide) {
       if (k_at[u] < 0 || k_at[u + kWide - 1] != k_at[u] + kWide - 1) {
-        transpose<O>(cache, k_at + u, kWide, d, step, kt + u, kt_stride);
+        if constexpr (std::is_same_v<C, int8_t>)
+          dequantize_keys<O>(cache, k_scales, k_at + u, kWide, d, step, true, kt + u, kt_stride);
+        else
+          transpose<O>(cache, k_at + u, kWide, d, step, kt + u, kt_stride);
         scores<O>(qf, nq, d, kt + u, kt_stride, kWide, scale, sc + u, sc_stride);
         continue;
       }
+      if constexpr (std::is_same_v<C, int8_t>) run_scales[pending] = k_scales + column_scale_at(k_at[u], d, step, 0);
       runs[pending] = cache + k_at[u];
       outs[pending++] = sc + u;
       if (pending == kRuns) flush();
@@ -251,12 +273,14 @@ struct SixteenLanePasses {
 
   template <class O, class C>
   static void values(int64_t group, int64_t d, const float* p, int64_t p_stride, const int64_t* key_at, int64_t L,
-                     const C* v_cache, const float* alpha, float* acc) {
-    if (d % kWide != 0) return EightLanePasses::values<O, C>(group, d, p, p_stride, key_at, L, v_cache, alpha, acc);
+                     const C* v_cache, const float* alpha, float* acc, const Half* v_scales = nullptr) {
+    if (d % kWide != 0)
+      return EightLanePasses::values<O, C>(group, d, p, p_stride, key_at, L, v_cache, alpha, acc, v_scales);
     value_pieces<kWideValueAccumulators>(
         kWide, group, d, p, p_stride, v_cache, alpha, acc,
         [&](auto heads, auto vectors, const float* ph, const C* v, const float* al, float* o) {
-          wide_span_values<C, decltype(heads)::value, decltype(vectors)::value>(ph, p_stride, key_at, L, v, al, o, d);
+          wide_span_values<C, decltype(heads)::value, decltype(vectors)::value>(ph, p_stride, key_at, L, v, al, o, d,
+                                                                                {v_scales, d, v - v_cache});
         });
   }
 };
