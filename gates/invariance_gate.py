@@ -34,6 +34,7 @@ import torch
 from engine import kernels, testing
 from engine.config import EngineConfig
 from engine.kernels.quant_pack import pack_quantized
+from engine.kv import int8
 from engine.llm import LLM
 from engine.loader import load_config
 from engine.quantized import BLOCK_ELEMENTS, QTYPES, sample_weight
@@ -180,7 +181,7 @@ def _kernel_rows(run: GateRun, seed: int) -> None:
         f"{len(differing)} differ" + (f": {differing[:4]}" if differing else ""),
         f"seed {seed}; linears {SMOLLM2_SHAPES} and 512-row chunks (float, and Q8_0 with float and int8 "
         "activations), attention with decodes beside a "
-        f"prefill chunk, rms_norm, silu_mul, log_softmax; float32 and bfloat16; kernels {kernels.backend().name}",
+        f"prefill chunk (float32, bfloat16 and int8 caches), rms_norm, silu_mul, log_softmax; float32 and bfloat16; kernels {kernels.backend().name}",
     )
 
 
@@ -208,15 +209,21 @@ def _quantized_rows(rng: random.Random, gen: torch.Generator) -> list[str]:
 
 def _attention_rows(rng: random.Random, gen: torch.Generator, dtype: torch.dtype) -> list[str]:
     """Decode rows of several requests beside one request's prefill chunk (up to 512 rows); in some draws
-    long contexts (up to 4,800 positions: many spans of keys) and K held by dimension (engine/kv/cache.py)."""
+    long contexts (up to 4,800 positions: many spans of keys), K held by dimension (engine/kv/cache.py) and,
+    under float32, an int8 cache with its scales (engine/kv/int8.py)."""
     block, kv_heads, heads, d = 16, 3, 9, 64
     requests = rng.randint(2, 6)
     per_request = rng.choice([40, 300])  # blocks a request's table holds: 640 or 4,800 positions
     blocks = requests * per_request
     k_cache = torch.randn(blocks, kv_heads, block, d, generator=gen).to(dtype)
     v_cache = torch.randn(blocks, kv_heads, block, d, generator=gen).to(dtype)
-    if rng.random() < 0.5:  # the same values, stored [blocks, kv_heads, d, block]
+    scales: list[torch.Tensor] = []
+    if dtype == torch.float32 and rng.random() < 0.5:
+        (k_cache, k_scales), (v_cache, v_scales) = int8.quantize(k_cache), int8.quantize(v_cache)
+        scales = [k_scales, v_scales]
+    if rng.random() < 0.5:  # the same values, stored [blocks, kv_heads, d, block] (K's scales alike)
         k_cache = k_cache.transpose(2, 3).contiguous().transpose(2, 3)
+        scales[:1] = [t.transpose(2, 3).contiguous().transpose(2, 3) for t in scales[:1]]
     tables = torch.randperm(blocks, generator=gen).view(requests, per_request)
     decodes = [rng.randrange(per_request * block) for _ in range(requests - 1)]
     chunk = rng.choice([rng.randint(2, 64), 512])
@@ -224,13 +231,16 @@ def _attention_rows(rng: random.Random, gen: torch.Generator, dtype: torch.dtype
     positions = torch.tensor(decodes + list(range(chunk_start, chunk_start + chunk)))
     owners = torch.tensor(list(range(requests - 1)) + [requests - 1] * chunk)
     q = torch.randn(len(positions), heads, d, generator=gen).to(dtype)
-    full = kernels.attention(q, k_cache, v_cache, tables, owners, positions, d**-0.5)
+    full = kernels.attention(q, k_cache, v_cache, tables, owners, positions, d**-0.5, 0, 0.0, *scales)
     wrong = []
     for i in rng.sample(range(len(positions)), min(4, len(positions))):
         pick = torch.tensor([i])
-        alone = kernels.attention(q[pick], k_cache, v_cache, tables, owners[pick], positions[pick], d**-0.5)
+        alone = kernels.attention(
+            q[pick], k_cache, v_cache, tables, owners[pick], positions[pick], d**-0.5, 0, 0.0, *scales
+        )
         if not torch.equal(alone, full[pick]):
-            wrong.append(f"attention {dtype} row {i}/{len(positions)} at position {int(positions[i])}")
+            cache = "int8" if scales else dtype
+            wrong.append(f"attention {cache} cache row {i}/{len(positions)} at position {int(positions[i])}")
     return wrong
 
 

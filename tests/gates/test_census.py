@@ -57,6 +57,7 @@ STABLE_IDS = {
         "invariance.qwen3_f32",
         "invariance.mistral_f32",
         "invariance.gemma3_f32",
+        "invariance.smollm2_int8_kv",
         "invariance.neg.batch_dependent_matmul",
         "invariance.neg.batch_dependent_norm",
     ),
