@@ -3,6 +3,7 @@
 nxctl mux run <budget_mb> <id...>         simulate a request sequence (ids or names) under a budget
 nxctl mux replay TRACE --budget-mb N      replay a timed trace, policies side by side
 nxctl mux plan --budget-mb N MODEL...     footprints of real model files, sets that fit, largest context
+nxctl mux plan --replicas R --budget-mb N the registry's models placed across R replicas (--trace: hit rate)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from engine.mux.replay import DEFAULT_LOAD_GBPS, ReplayResult, replay_policies
 from engine.mux.simulator import SimResult, simulate_registry
 from engine.mux.trace import load_trace
 from nxctl.commands.common import fail
+from nxctl.commands.mux_replicas import format_replica_plan, plan_replicas, replica_budgets
 
 app = typer.Typer(help="Many models under one memory budget: simulate, replay traces, plan capacity.")
 
@@ -210,18 +212,52 @@ def replay(
 
 @app.command("plan")
 def plan(
-    models: Annotated[list[str], typer.Argument(help="Named models, model folders or .gguf files.")],
-    budget_mb: Annotated[str, typer.Option("--budget-mb", help="Memory budget in MB (MiB).")],
+    models: Annotated[
+        list[str] | None,
+        typer.Argument(help="Named models, model folders or .gguf files (with --replicas: the registry's)."),
+    ] = None,
+    budget_mb: Annotated[
+        str,
+        typer.Option(
+            "--budget-mb", help="Memory budget in MB (MiB); with --replicas one, or one per replica: A,B,..."
+        ),
+    ] = "",
     dtype: Annotated[str, typer.Option("--dtype", help="float32, bfloat16 or float16.")] = "float32",
     num_kv_blocks: Annotated[int, typer.Option("--num-kv-blocks", help="KV pool blocks per model.")] = 1024,
     block_size: Annotated[int, typer.Option("--block-size", help="Tokens per KV block.")] = 16,
     activation_mb: Annotated[
         float, typer.Option("--activation-mb", help="Stated activation allowance per model, MB.")
     ] = DEFAULT_ACTIVATION_MB,
+    replicas: Annotated[
+        int | None,
+        typer.Option("--replicas", help="Place the registry's models across N replicas (a Ray seat's)."),
+    ] = None,
+    registry: RegistryOpt = None,
+    trace: Annotated[
+        Path | None, typer.Option("--trace", help="With --replicas: replay this trace, predict the hit rate.")
+    ] = None,
+    load_gbps: Annotated[
+        float, typer.Option("--load-gbps", help="With --trace: load bandwidth, GB/s.")
+    ] = DEFAULT_LOAD_GBPS,
     as_json: JsonOpt = False,
 ) -> None:
-    """Footprints of real models (weights + KV pool + activations), which sets fit, the largest context."""
+    """Footprints of real models (weights + KV pool + activations), which sets fit, the largest context;
+    with --replicas, which of the registry's models go where so every one is resident somewhere."""
     try:
+        if not budget_mb:
+            raise InvalidRequestError("--budget-mb is required")
+        if replicas is not None:
+            if models:
+                raise InvalidRequestError("with --replicas the models are the registry's (--registry)")
+            budgets = replica_budgets(budget_mb, replicas, parse_budget_mb)
+            payload = plan_replicas(budgets, registry, trace, load_gbps)
+            payload["registry"] = display_path(payload["registry"])
+            _emit(payload, format_replica_plan(payload), as_json)
+            return
+        if trace is not None or registry is not None:
+            raise InvalidRequestError("--trace and --registry go with --replicas")
+        if not models:
+            raise InvalidRequestError("name the models to plan for (or --replicas N for the registry's)")
         result = plan_models(models, budget_mb, dtype, num_kv_blocks, block_size, activation_mb)
     except NxError as exc:
         fail(str(exc))
