@@ -195,8 +195,11 @@ template <class O, class C, int HP, int N>
     const C* vp = v + key_at[j];
     V pj[HP];
     for (int h = 0; h < HP; ++h) pj[h] = O::set1(p[h * p_stride + j]);
+    float s = 1.0f;  // an int8 row's scale of the group vector t falls in: read once per group
     for (int t = 0; t < N; ++t) {
-      const V vt = load_scaled<O>(vp + t * kLanes, std::is_same_v<C, int8_t> ? scales.of(key_at[j], t * kLanes) : 1.0f);
+      if constexpr (std::is_same_v<C, int8_t>)
+        if (t == 0 || (scales.dim0 + t * kLanes) % kKvGroup == 0) s = scales.of(key_at[j], t * kLanes);
+      const V vt = load_scaled<O>(vp + t * kLanes, s);
       for (int h = 0; h < HP; ++h) a[h][t] = O::fma(pj[h], vt, a[h][t]);
     }
   }
