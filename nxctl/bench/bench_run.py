@@ -364,56 +364,39 @@ def _kv_cache_dtype(ctx: _Context) -> str:
 
 
 def _quantized_agreement(ctx: _Context) -> dict[str, float]:
-    """The quantized path against the float32 path over the dequantized weights: the first requests'
-    greedy tokens from cb_invariant, re-run with ``quantize="none"``; teacher-forced top-1 along the
-    float path's tokens (engine_top1_agreement). Empty when nothing is held quantized or not greedy."""
+    """The quantized path against the float32 path over the dequantized weights (``quantize="none"``).
+    Empty when nothing is held quantized or not greedy."""
     opts = ctx.opts
-    ours = ctx.tokens.get("cb_invariant")
-    if ours is None or not opts.agreement or not _holds_quantized(ctx) or opts.workload.sampling != "greedy":
+    if not opts.agreement or not _holds_quantized(ctx) or opts.workload.sampling != "greedy":
         return {}
-    subset = ctx.requests[:QUANTIZED_AGREEMENT_REQUESTS]
-    float_run = run_continuous(
-        make_engine(ctx.loaded, ctx.engine_config(quantize="none")), subset, lambda n: None
-    )
-    base = [r.token_ids for r in float_run.records]  # in request order, as ctx.tokens
-    ours = ours[: len(subset)]
-    engine = make_engine(ctx.loaded, ctx.engine_config())
-    prompts = [r.prompt_token_ids for r in subset]
-    return {
-        "quantized_vs_float_greedy_agreement": agreement.greedy_agreement(ours, base),
-        "quantized_vs_float_teacher_forced_top1_agreement": agreement.engine_top1_agreement(
-            engine, prompts, base, ours
-        ),
-    }
+    return _agreement_against(ctx, {"quantize": "none"}, "quantized_vs_float")
 
 
 def _kv_agreement(ctx: _Context) -> dict[str, float]:
-    """An int8 KV pool against a float16 one under the same weights and activations: the first requests'
-    greedy tokens from cb_invariant, re-run with ``kv_cache_dtype="float16"``; teacher-forced top-1 of the
-    int8 pool along the float16 pool's tokens (engine_top1_agreement). Empty unless the pool is int8 and
-    the run greedy."""
+    """An int8 KV pool against a float16 one under the same weights and activations. Empty unless the
+    pool is int8 and the run greedy."""
     opts = ctx.opts
+    if not opts.agreement or _kv_cache_dtype(ctx) != "int8" or opts.workload.sampling != "greedy":
+        return {}
+    return _agreement_against(ctx, {"kv_cache_dtype": "float16"}, "int8_kv_vs_float16")
+
+
+def _agreement_against(ctx: _Context, baseline: dict[str, str], name: str) -> dict[str, float]:
+    """cb_invariant's first requests' greedy tokens against the same requests re-run on an engine with the
+    ``baseline`` settings: ``<name>_greedy_agreement`` and ``<name>_teacher_forced_top1_agreement``, our
+    engine's top-1 along the baseline's tokens (engine_top1_agreement). Empty without cb_invariant's run."""
     ours = ctx.tokens.get("cb_invariant")
-    if (
-        ours is None
-        or not opts.agreement
-        or _kv_cache_dtype(ctx) != "int8"
-        or opts.workload.sampling != "greedy"
-    ):
+    if ours is None:
         return {}
     subset = ctx.requests[:QUANTIZED_AGREEMENT_REQUESTS]
-    float16_run = run_continuous(
-        make_engine(ctx.loaded, ctx.engine_config(kv_cache_dtype="float16")), subset, lambda n: None
-    )
-    base = [r.token_ids for r in float16_run.records]
+    base_run = run_continuous(make_engine(ctx.loaded, ctx.engine_config(**baseline)), subset, lambda n: None)
+    base = [r.token_ids for r in base_run.records]  # in request order, as ctx.tokens
     ours = ours[: len(subset)]
     engine = make_engine(ctx.loaded, ctx.engine_config())
     prompts = [r.prompt_token_ids for r in subset]
     return {
-        "int8_kv_vs_float16_greedy_agreement": agreement.greedy_agreement(ours, base),
-        "int8_kv_vs_float16_teacher_forced_top1_agreement": agreement.engine_top1_agreement(
-            engine, prompts, base, ours
-        ),
+        f"{name}_greedy_agreement": agreement.greedy_agreement(ours, base),
+        f"{name}_teacher_forced_top1_agreement": agreement.engine_top1_agreement(engine, prompts, base, ours),
     }
 
 
