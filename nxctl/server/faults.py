@@ -10,6 +10,9 @@ and applied once, when the seat is built (app.build_seat): the request path's ow
   (engine.testing.fail_requests, for the seat's life), as an engine fault would: the serve gate's DLQ
   check drives a seat started as a process with it (a request's engine id is its X-Request-Id and
   ``-N``, its choice index).
+- ``route-round-robin``: on Ray Serve (`nxctl serve --ray`), the router ignores each request's model
+  and prompt and takes the replicas in turn (ray_router.py), as routing unaware of models would: the
+  checks that a model's requests land on its replica and that shared prefixes land together catch it.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from nxctl.server.dlq import DeadLetterStore
 if TYPE_CHECKING:  # the seat's settings read this module: no torch for `nxctl` commands that plan or list
     from nxctl.server.host import SeatModel
 
-SEAT_FAULTS = ("drop-dead-letters",)
+SEAT_FAULTS = ("drop-dead-letters", "route-round-robin")
 FAIL_REQUEST = "fail-request:"
 
 

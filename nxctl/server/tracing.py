@@ -46,13 +46,19 @@ def traces_endpoint(environ: Mapping[str, str]) -> str | None:
     return f"{base.rstrip('/')}/v1/traces" if base else None
 
 
-def provider_from_env(environ: Mapping[str, str] | None = None) -> TracerProvider | None:
-    """A provider exporting to the configured endpoint over OTLP/HTTP; None when none is configured."""
+def provider_from_env(
+    environ: Mapping[str, str] | None = None, instance: str | None = None
+) -> TracerProvider | None:
+    """A provider exporting to the configured endpoint over OTLP/HTTP; None when none is configured.
+    ``instance``: the replica this process is (`nxctl serve --ray`): the resource's ``nxctl.replica``
+    and ``service.instance.id`` (in place of the SDK's random one), so every span it exports carries it."""
     env = os.environ if environ is None else environ
     endpoint = traces_endpoint(env)
     if endpoint is None:
         return None
     attrs = {"service.version": __version__}
+    if instance is not None:
+        attrs["service.instance.id"] = attrs["nxctl.replica"] = instance
     if not env.get("OTEL_SERVICE_NAME"):
         attrs["service.name"] = SERVICE_NAME
     provider = TracerProvider(resource=Resource.create(attrs))
