@@ -1,33 +1,27 @@
 """The seat on Ray Serve, as a user runs it: `nxctl serve --ray --replicas 2 --threads 1 --model tiny`
 as a process (one local Ray instance for the module, on loopback), driven over HTTP with the official
-openai and ollama clients. Both APIs, /health and /metrics through the ingress; answers equal a single
-seat's bit for bit; requests reach both replicas; a client that disconnects, streamed or not, has its
+openai and ollama clients. Both APIs, /health and /metrics (every replica's) through the ingress; answers equal a single
+seat's bit for bit; distinct prompts in flight together reach both replicas; a client that disconnects, streamed or not, has its
 request aborted on its replica (which also shows the stream reached it before the generation ended);
 bad input is JSON 4xx; on SIGTERM a stream in flight finishes, then the seat exits 0 and leaves no Ray
 process."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import ollama
 import openai
-import psutil
 import pytest
 
 from nxctl.server.app import create_app
 from nxctl.server.settings import SeatSettings
-from nxctl.server.uvicorn_seat import BackgroundSeat, free_socket
+from nxctl.server.uvicorn_seat import BackgroundSeat
+from tests.ray_seats import RaySeatProcess, shut, start, stop
 from tests.waiting import wait_until
 
 pytest.importorskip("ray.serve")
@@ -35,79 +29,27 @@ pytestmark = pytest.mark.ray
 
 REPLICA = "x-nxctl-replica"
 USER = [{"role": "user", "content": "Say something about clusters."}]
-START_TIMEOUT_S = 180
-
-
-@dataclass
-class RaySeatProcess:
-    url: str
-    proc: subprocess.Popen[str]
-    ray_processes: list[psutil.Process]
-
-
-def start(tmp: Path) -> tuple[subprocess.Popen[str], str]:
-    sock = free_socket()
-    port = sock.getsockname()[1]
-    sock.close()
-    args = ["--ray", "--replicas", "2", "--threads", "1", "--model", "tiny", "--port", str(port)]
-    args += ["--dlq", str(tmp / "dlq.sqlite"), "--keep-alive", "-1", "--quiet", "--drain-timeout", "30"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "nxctl.cli", "serve", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,  # a stray Ray process of ours can be told from anyone else's
-    )
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
-    reader.start()
-    ready = f"ready at http://127.0.0.1:{port}"
-    if not wait_until(lambda: any(ready in ln for ln in lines) or proc.poll() is not None, START_TIMEOUT_S):
-        kill_group(proc)
-    assert any(ready in ln for ln in lines), f"the Ray seat did not start: {lines}"
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def kill_group(proc: subprocess.Popen[str]) -> None:
-    """SIGKILL the seat's process group: the driver, Ray's GCS and raylet (its workers die with the raylet)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-
-
-def stop(seat: RaySeatProcess, signalled: bool = False) -> None:
-    """SIGTERM (unless ``signalled`` already: a second one would cut the drain short): exit 0, and no Ray
-    process of the seat's left (leftovers killed, then the test fails)."""
-    if not signalled:
-        seat.proc.send_signal(signal.SIGTERM)
-    code = seat.proc.wait(120)
-    if not wait_until(lambda: not any(alive(p) for p in seat.ray_processes), 30):
-        left = [p for p in seat.ray_processes if alive(p)]
-        for p in left:
-            p.kill()
-        pytest.fail(f"Ray processes outlived the seat: {[p.pid for p in left]}")
-    assert code == 0
-
-
-def alive(process: psutil.Process) -> bool:
-    """Running and not a zombie (an exited child waiting to be reaped)."""
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 @pytest.fixture(scope="module")
 def ray_seat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RaySeatProcess]:
-    proc, url = start(tmp_path_factory.mktemp("ray-seat"))
-    seat = RaySeatProcess(url, proc, [])
+    args = [
+        "--replicas",
+        "2",
+        "--threads",
+        "1",
+        "--model",
+        "tiny",
+        "--keep-alive",
+        "-1",
+        "--drain-timeout",
+        "30",
+    ]
+    seat = start(tmp_path_factory.mktemp("ray-seat"), args)
     try:
-        seat.ray_processes = psutil.Process(proc.pid).children(recursive=True)
         yield seat
     finally:
-        if proc.poll() is None:
-            stop(seat)
-        else:
-            kill_group(proc)
+        shut(seat)
 
 
 @pytest.fixture(scope="module")
@@ -173,11 +115,13 @@ def test_health_metrics_and_both_replicas_behind_one_endpoint(ray_seat, single_s
     health = httpx.get(ray_seat.url + "/health", timeout=30)
     assert health.json() == {"status": "ok", "models": ["tiny"], "serves": ["tiny"]}
     metrics = httpx.get(ray_seat.url + "/metrics", timeout=30).text
-    assert 'nxctl:model_loads_total{model_name="tiny"} 1.0' in metrics.splitlines()  # that replica's own
-    body = {"model": "tiny", "messages": USER, "max_tokens": 600, "ignore_eos": True, "temperature": 0}
+    loads = [ln for ln in metrics.splitlines() if ln.startswith("nxctl:model_loads_total{")]
+    assert len(loads) == 2 and all(ln.endswith(" 1.0") and 'replica="' in ln for ln in loads)  # each its own
 
-    def streamed(url: str) -> tuple[str, str]:
-        """(the replica that answered, the text) of one greedy stream."""
+    def streamed(url: str, n: int) -> tuple[str, str]:
+        """(the replica that answered, the text) of one greedy stream of prompt ``n``."""
+        asked = [{"role": "user", "content": f"Question {n}: " + "why? " * (4 + n) * 8}]
+        body = {"model": "tiny", "messages": asked, "max_tokens": 600, "ignore_eos": True, "temperature": 0}
         with httpx.stream(
             "POST", url + "/v1/chat/completions", json=body | {"stream": True}, timeout=60
         ) as r:
@@ -188,40 +132,42 @@ def test_health_metrics_and_both_replicas_behind_one_endpoint(ray_seat, single_s
                 c["choices"][0]["delta"].get("content") or "" for c in chunks
             )
 
-    answers: list[tuple[str, str]] = []
-    threads = [threading.Thread(target=lambda: answers.append(streamed(ray_seat.url))) for _ in range(4)]
+    answers: dict[int, tuple[str, str]] = {}
+    threads = [
+        threading.Thread(target=lambda n=n: answers.__setitem__(n, streamed(ray_seat.url, n)))
+        for n in range(4)
+    ]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
-    assert len(answers) == 4 and len({replica for replica, _ in answers}) == 2  # in flight together: spread
-    assert {text for _, text in answers} == {streamed(single_seat)[1]}  # both replicas, a single seat's text
+    # four prompts that share only the chat template's preamble, in flight together: spread
+    assert len(answers) == 4 and len({replica for replica, _ in answers.values()}) == 2
+    assert all(text == streamed(single_seat, n)[1] for n, (_, text) in answers.items())  # a single seat's
 
 
 def test_every_replica_runs_with_usage_stats_off(ray_seat) -> None:
     replicas = [
         p for p in ray_seat.ray_processes if p.is_running() and "ServeReplica" in " ".join(p.cmdline())
     ]
-    assert len(replicas) == 2
+    assert len([p for p in replicas if "ServeReplica:nxctl:seat" in " ".join(p.cmdline())]) == 2
+    assert len(replicas) == 3  # and the ingress
     assert all(replica.environ().get("RAY_USAGE_STATS_ENABLED") == "0" for replica in replicas)
 
 
-ABORTS = 'vllm:request_success_total{finished_reason="abort",model_name="tiny"} '
+ABORTS = 'vllm:request_success_total{finished_reason="abort",model_name="tiny",replica="'
 
 
 def aborts_by_replica(url: str) -> dict[str, float]:
-    """Each replica's count of aborted requests (/metrics polled until both replicas have answered one:
-    Ray routes each poll to either)."""
-    seen: dict[str, float] = {}
-    for _ in range(200):
-        r = httpx.get(url + "/metrics", timeout=30)
-        lines = r.text.splitlines()
-        seen[r.headers[REPLICA]] = next(
-            (float(ln[len(ABORTS) :]) for ln in lines if ln.startswith(ABORTS)), 0.0
-        )
-        if len(seen) == 2:
-            break
-    assert len(seen) == 2, f"/metrics reached only {list(seen)}"
+    """Each replica's count of aborted requests, from the ingress's /metrics (every replica's, labelled)."""
+    lines = httpx.get(url + "/metrics", timeout=30).text.splitlines()
+    loaded = [ln for ln in lines if ln.startswith("nxctl:model_loads_total{")]
+    seen = {ln.split('replica="')[1].split('"')[0]: 0.0 for ln in loaded}
+    for ln in lines:
+        if ln.startswith(ABORTS):
+            replica, value = ln[len(ABORTS) :].split('"} ')
+            seen[replica] = float(value)
+    assert len(seen) == 2, f"/metrics shows only {list(seen)}"
     return seen
 
 

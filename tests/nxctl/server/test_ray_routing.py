@@ -1,0 +1,126 @@
+"""Routing on Ray Serve (issue 55 step 2), as a user runs it: `nxctl serve --ray --replicas 2 --threads 1`
+with a registry of three names for `tiny` (tiny preloaded, alpha and beta on demand, a budget that holds
+two per replica), one local Ray instance for the module, driven with the official openai and ollama
+clients. A model's requests land on its replica; prompts that share a long prefix land together (prefix
+-cache hits in /metrics) while prompts that share only a preamble spread; answers equal a single seat's
+bit for bit (token ids and logprobs); /metrics is every replica's, labelled; bad input is JSON 4xx.
+The negative control (routing that ignores the request) is test_ray_routing_fault.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import ollama
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from nxctl.server.app import create_app
+from nxctl.server.settings import SeatSettings
+from nxctl.server.uvicorn_seat import BackgroundSeat
+from tests.ray_routing_checks import (
+    chat_replica,
+    landing_problems,
+    metric,
+    openai_client,
+    registry,
+    seat_args,
+    shared_prefix_landings,
+)
+from tests.ray_seats import RaySeatProcess, shut, start
+
+pytest.importorskip("ray.serve")
+pytestmark = pytest.mark.ray
+
+USER = [{"role": "user", "content": "Say something about routing."}]
+
+
+@pytest.fixture(scope="module")
+def ray_seat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RaySeatProcess]:
+    tmp = tmp_path_factory.mktemp("ray-routing")
+    seat = start(tmp, seat_args(tmp))
+    try:
+        yield seat
+    finally:
+        shut(seat)
+
+
+@pytest.fixture(scope="module")
+def single_seat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The same registry in one process, no Ray: the reference for bit-for-bit answers."""
+    tmp = tmp_path_factory.mktemp("single")
+    settings = SeatSettings(
+        models=("tiny",),
+        registry=registry(tmp),
+        dlq_path=tmp / "dlq.sqlite",
+        log_requests=False,
+        keep_alive_s=None,
+    )
+    with BackgroundSeat(create_app(settings)) as url:
+        yield url
+
+
+def test_a_models_requests_land_on_its_replica(ray_seat) -> None:
+    landings = [(m, chat_replica(ray_seat.url, m, f"hello {n}")) for m in ("alpha", "beta") for n in range(3)]
+    assert landing_problems(landings) == []
+    # the ollama client's requests follow them (each model's answers counted on its replica alone)
+    for model in ("alpha", "beta"):
+        ollama.Client(host=ray_seat.url).chat(model=model, messages=USER, options={"num_predict": 4})
+    alpha = metric(ray_seat.url, "vllm:request_success_total", "alpha")
+    beta = metric(ray_seat.url, "vllm:request_success_total", "beta")
+    assert alpha == {dict(landings)["alpha"]: 4.0} and beta == {dict(landings)["beta"]: 4.0}
+
+
+def test_shared_prefixes_land_together_and_hit_the_prefix_cache(ray_seat) -> None:
+    replicas, hits = shared_prefix_landings(ray_seat.url)
+    assert len(replicas) == 1 and hits >= 3 * 16 * 4  # three followers, each several blocks from cache
+
+
+def test_a_shared_preamble_alone_does_not_pull(ray_seat) -> None:
+    """Prompts that share only the chat template's first tokens spread over both replicas (sent one
+    after another: no load to balance, only the book's sizes)."""
+    landed = {chat_replica(ray_seat.url, "tiny", " ".join(f"w{n}{i}" for i in range(30))) for n in range(6)}
+    assert len(landed) == 2
+
+
+def test_answers_equal_a_single_seats_bit_for_bit(ray_seat, single_seat) -> None:
+    def chat(url: str, model: str) -> tuple[str | None, list[tuple[str, bytes | None, float]]]:
+        reply = openai_client(url).chat.completions.create(
+            model=model, messages=USER, max_tokens=24, temperature=0, logprobs=True, top_logprobs=2
+        )
+        content = reply.choices[0].logprobs.content
+        return reply.choices[0].message.content, [(t.token, bytes(t.bytes or []), t.logprob) for t in content]
+
+    for model in ("tiny", "alpha", "beta"):
+        answer, logprobs = chat(ray_seat.url, model)
+        assert answer and len(logprobs) == 24
+        assert (answer, logprobs) == chat(single_seat, model)  # every logprob's float, exactly
+
+    def generate(url: str) -> tuple[str, list[int]]:
+        done = ollama.Client(host=url).generate(
+            model="beta", prompt="A cluster", options={"temperature": 0, "num_predict": 12}
+        )
+        return done.response, list(done.context or [])
+
+    routed = generate(ray_seat.url)
+    assert routed[1] and routed == generate(single_seat)  # the token ids, prompt and answer
+
+
+def test_metrics_are_every_replicas_labelled(ray_seat) -> None:
+    text = httpx.get(ray_seat.url + "/metrics", timeout=30).text
+    families = list(text_string_to_metric_families(text))  # one valid exposition
+    names = [f.name for f in families]
+    assert len(names) == len(set(names))  # each family once
+    samples = [s for f in families for s in f.samples]
+    assert all("replica" in s.labels for s in samples)  # no unlabelled total beside them
+    loads = {s.labels["replica"] for s in samples if s.name == "nxctl:model_loads_total"}
+    assert len(loads) == 2
+
+
+def test_bad_input_is_json_through_the_ingress(ray_seat) -> None:
+    r = httpx.post(ray_seat.url + "/v1/chat/completions", content=b"{nope", timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.post(ray_seat.url + "/api/chat", json={"model": "nope", "messages": USER}, timeout=30)
+    assert r.status_code == 404 and "nope" in r.json()["error"]
+    r = httpx.post(ray_seat.url + "/v1/completions", content=b"x" * (9 << 20), timeout=30)
+    assert r.status_code == 413 and "larger than" in r.json()["error"]["message"]
