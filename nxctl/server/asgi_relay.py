@@ -70,13 +70,14 @@ def call_of(scope: Scope, body: bytes) -> HttpCall:
     )
 
 
-async def read_body(receive: Receive) -> bytes:
-    """The whole request body (``receive`` may raise: BodyLimit's counted receive does past its limit)."""
+async def read_body(receive: Receive) -> bytes | None:
+    """The whole request body, None when the client left before it all came (``receive`` may raise:
+    BodyLimit's counted receive does past its limit)."""
     parts: list[bytes] = []
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise asyncio.CancelledError("the client left before its body arrived")
+            return None
         parts.append(message.get("body", b""))
         if not message.get("more_body", False):
             return b"".join(parts)

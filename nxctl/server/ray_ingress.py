@@ -60,6 +60,8 @@ class Relay:
             answer = JSONResponse(error_body(scope["path"], err), status_code=err.status, headers=err.headers)
             await answer(scope, receive, send)
             return
+        if body is None:  # the client left: nothing to answer
+            return
         if scope["path"] == "/metrics" and scope["method"] == "GET":
             await self._metrics(scope, receive, send)
             return
@@ -84,19 +86,24 @@ class Relay:
                 await JSONResponse(error_body(call.path, err), status_code=503)(scope, receive, send)
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Every replica's /metrics, labelled by replica (a replica that does not answer is left out)."""
+        """Every replica's /metrics, labelled by replica (a replica that does not answer is left out);
+        when none answers 200, the first refusal as it came (a 401 without the API key), else 503."""
         roster: list[str] = []
-        await self._text(RouteKey(roster=roster), HttpCall("GET", "/health"))  # the router fills the roster
-        replicas = tuple(roster)
+        await self._answer(RouteKey(roster=roster), HttpCall("GET", "/health"))  # the router fills it
         call = HttpCall("GET", "/metrics", headers=tuple(scope.get("headers") or ()))
         # one replica after another: Ray Serve 2.60 gives the calls one request makes at once a single
         # internal request id, and its router then never sends the second (it waits for a match)
-        texts = {r: await self._text(RouteKey(replica=r), call) for r in replicas}
-        merged = merge_metrics({r: t for r, t in texts.items() if t is not None})
-        await Response(merged, media_type=CONTENT_TYPE)(scope, receive, send)
+        answers = {r: await self._answer(RouteKey(replica=r), call) for r in roster}
+        texts = {r: a[1].decode("utf-8") for r, a in answers.items() if a is not None and a[0] == 200}
+        refused = [a for a in answers.values() if a is not None and a[0] != 200]
+        if texts or not refused:
+            await Response(merge_metrics(texts), media_type=CONTENT_TYPE)(scope, receive, send)
+        else:
+            status, body = refused[0]
+            await Response(body, status_code=status, media_type="application/json")(scope, receive, send)
 
-    async def _text(self, key: RouteKey, call: HttpCall) -> str | None:
-        """The body of one replica's 200 answer to ``call`` (None: no answer in time, or not 200)."""
+    async def _answer(self, key: RouteKey, call: HttpCall) -> tuple[int, bytes] | None:
+        """One replica's (status, body) for ``call``; None when none came in time."""
         status, parts = 0, []
         try:
             async with asyncio.timeout(METRICS_TIMEOUT_S):
@@ -108,7 +115,7 @@ class Relay:
         except Exception as exc:  # noqa: BLE001 - one replica's metrics missing is logged, not fatal
             log.warning("replica %s gave no %s: %s", key.replica or "(any)", call.path, exc)
             return None
-        return b"".join(parts).decode("utf-8") if status == 200 else None
+        return status, b"".join(parts)
 
 
 @serve.ingress()
