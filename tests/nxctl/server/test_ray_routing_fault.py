@@ -30,9 +30,12 @@ def test_routing_that_ignores_the_model_fails_the_landing_check(faulty_seat) -> 
     landings = [
         (m, chat_replica(faulty_seat.url, m, f"hello {n}")) for m in ("alpha", "beta") for n in range(3)
     ]
-    assert landing_problems(landings) != []  # caught
+    problems = landing_problems(landings)
+    print("caught:", problems)  # shown with pytest -rP
+    assert problems != []
 
 
 def test_routing_that_ignores_the_prompt_fails_the_shared_prefix_check(faulty_seat) -> None:
-    replicas, _ = shared_prefix_landings(faulty_seat.url)
+    replicas, hits = shared_prefix_landings(faulty_seat.url)
+    print(f"caught: a shared prefix on {sorted(replicas)}, {hits:g} prefix-cache hit tokens")
     assert len(replicas) == 2  # split: the check (one replica) fails
