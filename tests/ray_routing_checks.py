@@ -13,7 +13,7 @@ import openai
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 REPLICA = "x-nxctl-replica"
 # three names for the same tiny model: tiny preloaded on every replica, alpha and beta loaded on demand;
-# a replica's budget (150 MB) holds two of them (65 MB each), so alpha and beta each fit beside tiny
+# a replica's budget (150 MB) holds two of them (72 MB each), so alpha and beta each fit beside tiny
 BUDGET_MB = "150"
 DOCUMENT = "Ray Serve replicas keep their prefix caches warm when routed well. " * 8
 
@@ -24,7 +24,7 @@ def registry(folder: Path) -> Path:
     source = json.dumps(str(FIXTURES / "tiny"))
     path.write_text(
         "".join(
-            f'[[model]]\nid = {i}\nname = "{name}"\nsource = {source}\nnum_kv_blocks = 64\n'
+            f'[[model]]\nid = {i}\nname = "{name}"\nsource = {source}\n'
             for i, name in enumerate(("tiny", "alpha", "beta"))
         )
     )

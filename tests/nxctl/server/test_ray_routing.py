@@ -8,6 +8,7 @@ The negative control (routing that ignores the request) is test_ray_routing_faul
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 import httpx
@@ -16,9 +17,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from nxctl.server.app import create_app
+from nxctl.server.route_policy import LOAD_BOUND
 from nxctl.server.settings import SeatSettings
 from nxctl.server.uvicorn_seat import BackgroundSeat
 from tests.ray_routing_checks import (
+    REPLICA,
     chat_replica,
     landing_problems,
     metric,
@@ -74,6 +77,32 @@ def test_a_models_requests_land_on_its_replica(ray_seat) -> None:
 def test_shared_prefixes_land_together_and_hit_the_prefix_cache(ray_seat) -> None:
     replicas, hits = shared_prefix_landings(ray_seat.url)
     assert len(replicas) == 1 and hits >= 3 * 16 * 4  # three followers, each several blocks from cache
+
+
+def test_past_the_bound_a_shared_prefix_goes_to_the_least_loaded(ray_seat) -> None:
+    """Streams of one prompt (10 blocks) opened one after another and held open (4 choices of 800
+    tokens: seconds each here): the first LOAD_BOUND + 1 share a replica, its load 0..4 beyond the
+    other's 0; the next goes to the other, 5 beyond being past the bound."""
+    asked = "Ray Serve replicas keep their prefix caches warm when routed well. " * 3 + "\nWhat is held?"
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": asked}],
+        "max_tokens": 800,
+        "ignore_eos": True,
+        "n": 4,
+        "stream": True,
+    }
+    with contextlib.ExitStack() as streams:
+        replicas, held = [], []
+        for _ in range(LOAD_BOUND + 2):
+            r = streams.enter_context(
+                httpx.stream("POST", ray_seat.url + "/v1/chat/completions", json=body, timeout=60)
+            )
+            replicas.append(r.headers[REPLICA])
+            held.append(r.iter_lines())  # kept: a dropped iterator closes its stream (the client leaves)
+            assert next(held[-1]).startswith("data: ")  # generating
+    first = replicas[0]
+    assert replicas[: LOAD_BOUND + 1] == [first] * (LOAD_BOUND + 1) and replicas[-1] != first
 
 
 def test_a_shared_preamble_alone_does_not_pull(ray_seat) -> None:
