@@ -34,10 +34,11 @@ def start(tmp: Path, args: Sequence[str]) -> RaySeatProcess:
     port = sock.getsockname()[1]
     sock.close()
     argv = ["--ray", *args, "--port", str(port), "--dlq", str(tmp / "dlq.sqlite"), "--quiet"]
+    errors = (tmp / "stderr.txt").open("w")  # the seat's (and Ray's) complaints, shown if it fails to start
     proc = subprocess.Popen(
         [sys.executable, "-m", "nxctl.cli", "serve", *argv],
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=errors,
         text=True,
         start_new_session=True,  # a stray Ray process of ours can be told from anyone else's
     )
@@ -47,7 +48,9 @@ def start(tmp: Path, args: Sequence[str]) -> RaySeatProcess:
     ready = f"ready at http://127.0.0.1:{port}"
     if not wait_until(lambda: any(ready in ln for ln in lines) or proc.poll() is not None, START_TIMEOUT_S):
         kill_group(proc)
-    assert any(ready in ln for ln in lines), f"the Ray seat did not start: {lines}"
+    errors.close()
+    told = (tmp / "stderr.txt").read_text(errors="replace")[-3000:]
+    assert any(ready in ln for ln in lines), f"the Ray seat did not start: {lines}\n{told}"
     seat = RaySeatProcess(f"http://127.0.0.1:{port}", proc)
     seat.ray_processes = psutil.Process(proc.pid).children(recursive=True)
     return seat
