@@ -14,7 +14,6 @@ bound. A custom router sees the whole key and reads residency from the pool itse
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
@@ -22,7 +21,6 @@ from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, R
 from nxctl.server.route_keys import RouteKey
 from nxctl.server.route_policy import LOAD_BOUND, ReplicaView, RouteBook, choose, round_robin
 
-log = logging.getLogger("nxctl.serve")
 ROUTING_STATS_PERIOD_S = 1.0
 ROUTER_PATH = "nxctl.server.ray_router.SeatRouter"
 
