@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
 
 from engine.errors import InvalidRequestError, UnsupportedModelError
-from engine.kv import int8
+from engine.kv import int8_layout
 
 if TYPE_CHECKING:
     import torch
@@ -173,7 +173,12 @@ class ModelConfig:
         """Bytes of K and V one token occupies across all layers (an int8 cache's float16 scales
         included, one per 32 values: engine/kv/int8.py)."""
         if dtype_name(dtype) == "int8":
-            return 2 * self.num_layers * self.num_kv_heads * (self.head_dim + 2 * int8.groups(self.head_dim))
+            return (
+                2
+                * self.num_layers
+                * self.num_kv_heads
+                * (self.head_dim + 2 * int8_layout.groups(self.head_dim))
+            )
         return 2 * self.num_layers * self.kv_size * dtype_bytes(dtype)
 
     def weight_bytes(self, dtype: DtypeLike = "float32") -> int:

@@ -15,18 +15,11 @@ from __future__ import annotations
 
 import torch
 
-GROUP = 32  # values per scale
+from engine.kv.int8_layout import GROUP, bytes_per_value, groups
+
+__all__ = ["GROUP", "bytes_per_value", "dequantize", "groups", "quantize"]
+
 LARGEST_SCALE = 65504.0  # float16's largest finite value
-
-
-def groups(head_dim: int) -> int:
-    """Scales per token and KV head."""
-    return -(-head_dim // GROUP)
-
-
-def bytes_per_value(head_dim: int) -> float:
-    """What one cached value costs with its share of the scales (1 + 2 / 32 bytes for head_dim 64)."""
-    return (head_dim + 2 * groups(head_dim)) / head_dim
 
 
 def _grouped(x: torch.Tensor) -> torch.Tensor:
