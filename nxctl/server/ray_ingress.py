@@ -17,6 +17,7 @@ replica (asgi_relay.run_asgi), which aborts its engine jobs.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import Any
 
@@ -30,6 +31,7 @@ from nxctl.server.metrics_merge import merge_metrics
 from nxctl.server.middleware import BodyLimit, BodyTooLarge
 from nxctl.server.models import seat_registry
 from nxctl.server.prometheus_metrics import CONTENT_TYPE
+from nxctl.server.replay_seed import SEED_HEADER, with_length, with_seed
 from nxctl.server.route_keys import RouteKey, RouteKeys
 from nxctl.server.settings import SeatSettings
 
@@ -65,15 +67,33 @@ class Relay:
         if scope["path"] == "/metrics" and scope["method"] == "GET":
             await self._metrics(scope, receive, send)
             return
+        body, seed = with_seed(scope["path"], body)  # before routing: a retry anywhere samples the same
         key = await asyncio.to_thread(self.keys.key, scope["path"], body)
-        await self._relay(key, call_of(scope, body), scope, receive, send)
+        call = call_of(scope, body)
+        if seed is not None:
+            call = dataclasses.replace(call, headers=with_length(call.headers, body))
+        await self._relay(key, call, scope, receive, send, seed)
 
-    async def _relay(self, key: RouteKey, call: HttpCall, scope: Scope, receive: Receive, send: Send) -> None:
-        """The replica's answer to ``call``, message by message (503 JSON when no replica answers)."""
+    async def _relay(
+        self,
+        key: RouteKey,
+        call: HttpCall,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        seed: int | None = None,
+    ) -> None:
+        """The replica's answer to ``call``, message by message (503 JSON when no replica answers); the
+        seed the ingress gave it in ``x-nxctl-seed`` (replay_seed.py)."""
         response = self.seat.forward.options(stream=True).remote(key, call)
         started = False
         try:
             async for message in response:
+                if message["type"] == "http.response.start" and seed is not None:
+                    message = {
+                        **message,
+                        "headers": [*message.get("headers", []), (SEED_HEADER, b"%d" % seed)],
+                    }
                 started = started or message["type"] == "http.response.start"
                 await send(message)
         except asyncio.CancelledError:

@@ -1,10 +1,12 @@
 """The ingress's relay (ray_ingress.Relay) over a stand-in for the seat deployment's handle: no Ray
 instance. Requests are keyed and relayed as ASGI messages; /metrics asks each replica the router names;
-a refusal from every replica comes back as it came; a handle that fails is 503 JSON."""
+a refusal from every replica comes back as it came; a handle that fails is 503 JSON; a generation request
+without a seed is given one before routing."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ import pytest
 from engine.mux.registry import ModelSpec, Registry
 from nxctl.server.asgi_relay import HttpCall
 from nxctl.server.middleware import BodyLimit
+from nxctl.server.replay_seed import with_seed
 from nxctl.server.route_keys import RouteKey, RouteKeys
 
 pytest.importorskip("ray.serve")
@@ -99,3 +102,37 @@ def test_no_replica_is_503_json_and_too_large_is_413_json() -> None:
     assert r.status_code == 503 and "no replica" in r.json()["error"]
     r = ask(FakeHandle(lambda key, call: (200, b"")), "POST", "/v1/completions", content=b"x" * (2 << 20))
     assert r.status_code == 413 and "larger than" in r.json()["error"]["message"]
+
+
+def test_a_request_without_a_seed_is_given_one_before_routing_and_told_it() -> None:
+    """Chat and completion requests that name no seed get one (OpenAI's top-level, Ollama's in options),
+    the relayed body's length follows it, and the answer says which in x-nxctl-seed; a seed the client
+    named, and other paths, are relayed as they came."""
+    handle = FakeHandle(lambda key, call: (200, b"{}"))
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": 1.0}
+    r = ask(handle, "POST", "/v1/chat/completions", json=chat)
+    seed = int(r.headers["x-nxctl-seed"])
+    call = handle.calls[-1][1]
+    assert json.loads(call.body) == {**chat, "seed": seed}
+    assert dict(call.headers)[b"content-length"] == str(len(call.body)).encode()
+    r = ask(handle, "POST", "/api/generate", json={"model": "tiny", "prompt": "hi", "options": {"top_k": 3}})
+    assert json.loads(handle.calls[-1][1].body)["options"] == {
+        "top_k": 3,
+        "seed": int(r.headers["x-nxctl-seed"]),
+    }
+    for path, body in (
+        ("/v1/chat/completions", {**chat, "seed": 7}),
+        ("/api/chat", {"model": "tiny", "messages": [], "options": {"seed": 0}}),
+        ("/api/embed", {"model": "tiny", "input": "hi"}),
+    ):
+        r = ask(handle, "POST", path, json=body)
+        assert "x-nxctl-seed" not in r.headers and json.loads(handle.calls[-1][1].body) == body, path
+    ask(handle, "POST", "/api/chat", content=b"not json")
+    assert handle.calls[-1][1].body == b"not json"
+
+
+def test_with_seed_draws_from_its_source_and_keeps_what_it_cannot_read() -> None:
+    body, seed = with_seed("/v1/completions", b'{"prompt": "x"}', draw=lambda bound: bound - 1)
+    assert seed == 2**31 - 1 and json.loads(body) == {"prompt": "x", "seed": 2**31 - 1}
+    for raw in (b"[1, 2]", b'{"options": 3}', b"\xff"):
+        assert with_seed("/api/generate", raw) == (raw, None)

@@ -112,6 +112,30 @@ def test_a_shared_preamble_alone_does_not_pull(ray_seat) -> None:
     assert len(landed) == 2
 
 
+def test_a_sampled_request_replays_with_the_seed_the_ingress_gave(ray_seat, single_seat) -> None:
+    """A sampled chat request that names no seed is given one before routing (x-nxctl-seed); sent again
+    with it, through Ray or to a single seat, it gets the same tokens and logprobs; another seed, others."""
+    body = {"model": "tiny", "messages": USER, "max_tokens": 24, "temperature": 1.0, "logprobs": True}
+
+    def post(url: str, **extra: int) -> httpx.Response:
+        r = httpx.post(url + "/v1/chat/completions", json={**body, **extra}, timeout=60)
+        assert r.status_code == 200, r.text
+        return r
+
+    def answer(r: httpx.Response) -> tuple[str, list[tuple[str, float]]]:
+        choice = r.json()["choices"][0]
+        return choice["message"]["content"], [
+            (t["token"], t["logprob"]) for t in choice["logprobs"]["content"]
+        ]
+
+    first = post(ray_seat.url)
+    seed = int(first.headers["x-nxctl-seed"])
+    again = post(ray_seat.url, seed=seed)
+    assert "x-nxctl-seed" not in again.headers  # a seed the client named is its own
+    assert answer(again) == answer(first) == answer(post(single_seat, seed=seed))
+    assert answer(post(ray_seat.url, seed=seed + 1)) != answer(first)
+
+
 def test_answers_equal_a_single_seats_bit_for_bit(ray_seat, single_seat) -> None:
     def chat(url: str, model: str) -> tuple[str | None, list[tuple[str, bytes | None, float]]]:
         reply = openai_client(url).chat.completions.create(
