@@ -168,8 +168,10 @@ float exp_one(float x) {
 struct ValueScales {
   const Half* at = nullptr;
   int64_t d = 0, dim0 = 0;
-  // the scale of the pass's value c of the row at offset `row`
-  float of(int64_t row, int64_t c) const { return to_float(at[row_scale_at(row, d, dim0 + c)]); }
+  // the scales of the row at offset `row_at` (its groups in order)
+  const Half* row(int64_t row_at) const { return at + row_scale_at(row_at, d, 0); }
+  // the index in row()'s scales of the pass's value c
+  int64_t group(int64_t c) const { return (dim0 + c) / kKvGroup; }
 };
 
 // A cache's kLanes values at p as floats: as they are, widened, or (int8) times their group's scale s
@@ -195,10 +197,12 @@ template <class O, class C, int HP, int N>
     const C* vp = v + key_at[j];
     V pj[HP];
     for (int h = 0; h < HP; ++h) pj[h] = O::set1(p[h * p_stride + j]);
-    float s = 1.0f;  // an int8 row's scale of the group vector t falls in: read once per group
+    // an int8 row's scales (found once per key), the one of the group vector t falls in widened once per group
+    const Half* row_scales = std::is_same_v<C, int8_t> ? scales.row(key_at[j]) : nullptr;
+    float s = 1.0f;
     for (int t = 0; t < N; ++t) {
       if constexpr (std::is_same_v<C, int8_t>)
-        if (t == 0 || (scales.dim0 + t * kLanes) % kKvGroup == 0) s = scales.of(key_at[j], t * kLanes);
+        if (t == 0 || (scales.dim0 + t * kLanes) % kKvGroup == 0) s = to_float(row_scales[scales.group(t * kLanes)]);
       const V vt = load_scaled<O>(vp + t * kLanes, s);
       for (int h = 0; h < HP; ++h) a[h][t] = O::fma(pj[h], vt, a[h][t]);
     }

@@ -97,10 +97,11 @@ template <class C, int HP, int N>
         __builtin_prefetch(v + key_at[j + kValuesAhead] + t * kWide, 0, 3);
     __m512 pj[HP];
     for (int h = 0; h < HP; ++h) pj[h] = _mm512_set1_ps(p[h * p_stride + j]);
+    const Half* row_scales = std::is_same_v<C, int8_t> ? scales.row(key_at[j]) : nullptr;  // found once per key
     for (int t = 0; t < N; ++t) {
       __m512 vt = load_values(vp + t * kWide);
       if constexpr (std::is_same_v<C, int8_t>)  // the scale widened by F16C (vec.h's to_float is scalar code)
-        vt = _mm512_mul_ps(vt, _mm512_set1_ps(_cvtsh_ss(scales.at[row_scale_at(key_at[j], scales.d, scales.dim0 + t * kWide)].bits)));
+        vt = _mm512_mul_ps(vt, _mm512_set1_ps(_cvtsh_ss(row_scales[scales.group(t * kWide)].bits)));
       for (int h = 0; h < HP; ++h) a[h][t] = _mm512_fmadd_ps(pj[h], vt, a[h][t]);
     }
   }
