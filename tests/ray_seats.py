@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,3 +90,13 @@ def shut(seat: RaySeatProcess) -> None:
         stop(seat)
     else:
         kill_group(seat.proc)
+
+
+@contextlib.contextmanager
+def running(tmp: Path, args: Sequence[str]) -> Iterator[RaySeatProcess]:
+    """A module's Ray seat (``start``), shut at the end (``shut``)."""
+    seat = start(tmp, args)
+    try:
+        yield seat
+    finally:
+        shut(seat)

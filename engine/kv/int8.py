@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.kv.int8_layout import GROUP, bytes_per_value, groups
+from engine.kv.int8_layout import GROUP, groups
 
-__all__ = ["GROUP", "bytes_per_value", "dequantize", "groups", "quantize"]
+__all__ = ["GROUP", "dequantize", "groups", "quantize"]
 
 LARGEST_SCALE = 65504.0  # float16's largest finite value
 

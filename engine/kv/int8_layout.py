@@ -9,8 +9,3 @@ GROUP = 32  # values per scale
 def groups(head_dim: int) -> int:
     """Scales per token and KV head."""
     return -(-head_dim // GROUP)
-
-
-def bytes_per_value(head_dim: int) -> float:
-    """What one cached value costs with its share of the scales (1 + 2 / 32 bytes for head_dim 64)."""
-    return (head_dim + 2 * groups(head_dim)) / head_dim

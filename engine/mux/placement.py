@@ -173,6 +173,7 @@ def placement_json(placement: Placement, names: Mapping[int, str]) -> dict[str, 
             "replica": r,
             "budget_mb": mb(budget),
             "models": [names[m] for m in placement.models_on(r)],
+            "models_mb": [mb(placement.sizes[m]) for m in placement.models_on(r)],
             "homed_mb": mb(placement.bytes_on(r)),
         }
         for r, budget in enumerate(placement.budgets)

@@ -10,7 +10,7 @@ from typing import Any
 
 from engine.errors import InvalidRequestError
 from engine.mux.placement import ReplicaReplay, place_models, placement_json, predict_hits
-from engine.mux.registry import load_registry, mb
+from engine.mux.registry import load_registry
 from engine.mux.trace import load_trace
 
 
@@ -40,8 +40,6 @@ def plan_replicas(
     weights = Counter(r.model for r in trace) if trace is not None else None
     placement = place_models(registry.sizes(), budgets, weights)
     payload: dict[str, Any] = {"registry": registry.origin, **placement_json(placement, names)}
-    for entry in payload["replicas"]:
-        entry["models_mb"] = [mb(registry.size_bytes(registry.resolve(n).id)) for n in entry["models"]]
     if trace is not None:
         rate, replays, refused = predict_hits(registry, trace, placement, load_gbps)
         payload["trace"] = {

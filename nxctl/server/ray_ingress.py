@@ -22,6 +22,7 @@ import logging
 from typing import Any
 
 from ray import serve
+from starlette.datastructures import MutableHeaders
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
@@ -90,10 +91,7 @@ class Relay:
         try:
             async for message in response:
                 if message["type"] == "http.response.start" and seed is not None:
-                    message = {
-                        **message,
-                        "headers": [*message.get("headers", []), (SEED_HEADER, b"%d" % seed)],
-                    }
+                    MutableHeaders(scope=message).append(SEED_HEADER, str(seed))
                 started = started or message["type"] == "http.response.start"
                 await send(message)
         except asyncio.CancelledError:

@@ -16,7 +16,7 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-SEED_HEADER = b"x-nxctl-seed"
+SEED_HEADER = "x-nxctl-seed"
 SEED_BOUND = 2**31  # seeds drawn from [0, 2**31): every client's integer type holds them
 # the generation endpoints and where each keeps its seed: at the top ("openai") or in "options" ("ollama")
 SEEDED_PATHS = {

@@ -30,7 +30,7 @@ from tests.ray_routing_checks import (
     seat_args,
     shared_prefix_landings,
 )
-from tests.ray_seats import RaySeatProcess, shut, start
+from tests.ray_seats import RaySeatProcess, running
 
 pytest.importorskip("ray.serve")
 pytestmark = pytest.mark.ray
@@ -41,11 +41,8 @@ USER = [{"role": "user", "content": "Say something about routing."}]
 @pytest.fixture(scope="module")
 def ray_seat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RaySeatProcess]:
     tmp = tmp_path_factory.mktemp("ray-routing")
-    seat = start(tmp, seat_args(tmp))
-    try:
+    with running(tmp, seat_args(tmp)) as seat:
         yield seat
-    finally:
-        shut(seat)
 
 
 @pytest.fixture(scope="module")

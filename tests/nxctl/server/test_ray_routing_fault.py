@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.ray_routing_checks import chat_replica, landing_problems, seat_args, shared_prefix_landings
-from tests.ray_seats import RaySeatProcess, shut, start
+from tests.ray_seats import RaySeatProcess, running
 
 pytest.importorskip("ray.serve")
 pytestmark = pytest.mark.ray
@@ -19,11 +19,8 @@ pytestmark = pytest.mark.ray
 @pytest.fixture(scope="module")
 def faulty_seat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RaySeatProcess]:
     tmp = tmp_path_factory.mktemp("ray-routing-fault")
-    seat = start(tmp, [*seat_args(tmp), "--fault", "route-round-robin"])
-    try:
+    with running(tmp, [*seat_args(tmp), "--fault", "route-round-robin"]) as seat:
         yield seat
-    finally:
-        shut(seat)
 
 
 def test_routing_that_ignores_the_model_fails_the_landing_check(faulty_seat) -> None:

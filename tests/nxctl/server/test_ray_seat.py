@@ -21,7 +21,7 @@ import pytest
 from nxctl.server.app import create_app
 from nxctl.server.settings import SeatSettings
 from nxctl.server.uvicorn_seat import BackgroundSeat
-from tests.ray_seats import RaySeatProcess, shut, start, stop
+from tests.ray_seats import RaySeatProcess, running, stop
 from tests.waiting import wait_until
 
 pytest.importorskip("ray.serve")
@@ -45,11 +45,8 @@ def ray_seat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RaySeatProces
         "--drain-timeout",
         "30",
     ]
-    seat = start(tmp_path_factory.mktemp("ray-seat"), args)
-    try:
+    with running(tmp_path_factory.mktemp("ray-seat"), args) as seat:
         yield seat
-    finally:
-        shut(seat)
 
 
 @pytest.fixture(scope="module")
