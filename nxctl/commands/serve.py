@@ -14,7 +14,14 @@ from engine.errors import InvalidRequestError, NxError
 from engine.settings import EngineSettings
 from nxctl.commands.common import fail
 from nxctl.commands.engine_options import EngineFlags, with_engine_options
-from nxctl.server.settings import DEFAULT_PORT, LOCAL_RAY, ClusterSettings, SeatSettings, parse_duration
+from nxctl.server.settings import (
+    DEFAULT_PORT,
+    FAILOVER_TIMEOUT_S,
+    LOCAL_RAY,
+    ClusterSettings,
+    SeatSettings,
+    parse_duration,
+)
 
 RAY_HELP = (
     "Serve on Ray Serve: replicas behind one endpoint, on a local Ray instance of the seat's own unless "
@@ -45,11 +52,12 @@ def build_settings(
     ray: str | None = None,
     replicas: int | None = None,
     threads: int | None = None,
+    failover_timeout: float | None = None,
 ) -> SeatSettings:
     """The seat's settings from the command's options (defaults: smollm2, unless a registry is given;
     ``engine``: the --model models' engine settings, and under a registry the defaults beneath what its
     entries and [defaults] set; ``ray``: serve on Ray Serve (an address, or LOCAL_RAY), ``replicas`` and
-    ``threads`` per replica there)."""
+    ``threads`` per replica there, ``failover_timeout``: how long a request waits for a replica)."""
     chosen = tuple(models) if models else (() if registry is not None else ("smollm2",))
     return SeatSettings(
         models=chosen,
@@ -71,18 +79,24 @@ def build_settings(
         log_requests=not quiet,
         cors_origins=cors_origins,
         faults=faults,
-        cluster=cluster_settings(ray, replicas, threads),
+        cluster=cluster_settings(ray, replicas, threads, failover_timeout),
     )
 
 
-def cluster_settings(ray: str | None, replicas: int | None, threads: int | None) -> ClusterSettings | None:
-    """``--ray``'s settings (None without it; ``--replicas`` needs it)."""
+def cluster_settings(
+    ray: str | None, replicas: int | None, threads: int | None, failover_timeout: float | None = None
+) -> ClusterSettings | None:
+    """``--ray``'s settings (None without it; ``--replicas`` and ``--failover-timeout`` need it)."""
     if ray is None:
-        if replicas is not None:
-            raise InvalidRequestError("--replicas needs --ray")
+        for name, given in (("--replicas", replicas), ("--failover-timeout", failover_timeout)):
+            if given is not None:
+                raise InvalidRequestError(f"{name} needs --ray")
         return None
     return ClusterSettings(
-        address=ray, replicas=1 if replicas is None else replicas, threads=1 if threads is None else threads
+        address=ray,
+        replicas=1 if replicas is None else replicas,
+        threads=1 if threads is None else threads,
+        failover_timeout_s=FAILOVER_TIMEOUT_S if failover_timeout is None else failover_timeout,
     )
 
 
@@ -218,6 +232,14 @@ def serve(
     replicas: Annotated[
         int | None, typer.Option("--replicas", help="With --ray: seats behind the endpoint (default 1).")
     ] = None,
+    failover_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--failover-timeout",
+            help=f"With --ray: seconds a request waits for a replica to take it (first or after a replica is "
+            f"lost) before 503 and a dead letter (default {FAILOVER_TIMEOUT_S:g}).",
+        ),
+    ] = None,
     fault: Annotated[
         list[str] | None,
         typer.Option(
@@ -250,6 +272,7 @@ def serve(
             ray=ray_address or (LOCAL_RAY if ray else None),
             replicas=replicas,
             threads=threads,
+            failover_timeout=failover_timeout,
         )
         if settings.cluster is not None:
             from nxctl.commands.serve_ray import run_ray_seat

@@ -41,9 +41,8 @@ from nxctl.server import (
 )
 from nxctl.server.api_errors import APIError, bad_request, error_body, from_engine
 from nxctl.server.bridge import CoreLease
-from nxctl.server.dlq import DeadLetterStore
 from nxctl.server.drain import Drain
-from nxctl.server.faults import apply_faults, with_engine_faults
+from nxctl.server.faults import seat_dead_letters, with_engine_faults
 from nxctl.server.generation import ClientGone
 from nxctl.server.host import ModelHost, SeatModel
 from nxctl.server.idle_pool import default_pool
@@ -52,7 +51,7 @@ from nxctl.server.models import make_loader, preload_names, seat_registry
 from nxctl.server.prometheus_metrics import CONTENT_TYPE, SeatMetrics
 from nxctl.server.request_context import dead_letter, note, seat_of
 from nxctl.server.seat import Seat
-from nxctl.server.settings import SeatSettings, default_dlq_path
+from nxctl.server.settings import SeatSettings
 from nxctl.server.tracing import SeatTracer, TraceRequests
 
 log = logging.getLogger("nxctl.serve")
@@ -88,13 +87,8 @@ def build_seat(
         keep_alive_s=settings.keep_alive_s,
         on_event=metrics.observe_event,
     )
-    dlq = None
-    if settings.dlq_enabled:
-        dlq = DeadLetterStore(
-            settings.dlq_path or default_dlq_path(), settings.dlq_max_rows, settings.dlq_redact
-        )
+    dlq = seat_dead_letters(settings)  # with the faults a negative control asks for (faults.py)
     tracer = None if tracer_provider is None else SeatTracer(tracer_provider)
-    dlq = apply_faults(dlq, settings.faults)  # none unless a negative control asks (faults.py)
     seat = Seat(settings, host, metrics, dlq, started=time.time(), tracer=tracer)
     return seat, preload_names(settings.models, registry, settings.registry is not None)
 

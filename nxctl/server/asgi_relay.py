@@ -55,6 +55,12 @@ class HttpCall:
         }
 
 
+def header(call: HttpCall, name: str) -> str | None:
+    """The value of ``call``'s header ``name`` (the first, if several), None when it has none."""
+    wanted = name.lower().encode()
+    return next((v.decode("latin-1") for k, v in call.headers if k.lower() == wanted), None)
+
+
 def call_of(scope: Scope, body: bytes) -> HttpCall:
     """The HttpCall of an ASGI HTTP ``scope`` whose body was read."""
     return HttpCall(

@@ -13,6 +13,14 @@ and applied once, when the seat is built (app.build_seat): the request path's ow
 - ``route-round-robin``: on Ray Serve (`nxctl serve --ray`), the router ignores each request's model
   and prompt and takes the replicas in turn (ray_router.py), as routing unaware of models would: the
   checks that a model's requests land on its replica and that shared prefixes land together catch it.
+- ``replica-exit``: on Ray Serve, a replica ends its own process (as a crash would) in the middle of
+  the requests that ask for it by their X-Request-Id: ``exit-K-...`` after K body messages of the
+  request's first attempt (K = 0: before any), ``exitall-K-...`` on every attempt. Other requests are
+  untouched. The failover tests and the ``cluster`` gate kill replicas this way, at a chosen chunk of a
+  stream, never after a sleep.
+- ``resume-no-skip``: on Ray Serve, the ingress forwards a stream resumed on another replica whole,
+  without skipping what the client already has (failover.py): the checks that a resumed stream equals
+  an unbroken one catch the repeated text.
 """
 
 from __future__ import annotations
@@ -26,8 +34,9 @@ from nxctl.server.dlq import DeadLetterStore
 
 if TYPE_CHECKING:  # the seat's settings read this module: no torch for `nxctl` commands that plan or list
     from nxctl.server.host import SeatModel
+    from nxctl.server.settings import SeatSettings
 
-SEAT_FAULTS = ("drop-dead-letters", "route-round-robin")
+SEAT_FAULTS = ("drop-dead-letters", "route-round-robin", "replica-exit", "resume-no-skip")
 FAIL_REQUEST = "fail-request:"
 
 
@@ -67,3 +76,25 @@ def apply_faults(dlq: DeadLetterStore | None, faults: Sequence[str]) -> DeadLett
     if "drop-dead-letters" in faults and dlq is not None:
         return DroppingStore(dlq.path, dlq.max_rows, dlq.redact)
     return dlq
+
+
+def seat_dead_letters(settings: SeatSettings) -> DeadLetterStore | None:
+    """The dead-letter store the settings name (None when off), with their faults applied."""
+    from nxctl.server.settings import default_dlq_path
+
+    if not settings.dlq_enabled:
+        return None
+    path = settings.dlq_path or default_dlq_path()
+    return apply_faults(DeadLetterStore(path, settings.dlq_max_rows, settings.dlq_redact), settings.faults)
+
+
+def replica_exit_after(faults: Sequence[str], request_id: str | None, attempt: int) -> int | None:
+    """With the fault ``replica-exit``: after how many body messages the replica answering attempt
+    ``attempt`` of the request ``request_id`` ends its process; None when it does not."""
+    if "replica-exit" not in faults or not request_id:
+        return None
+    kind, _, rest = request_id.partition("-")
+    count, _, _ = rest.partition("-")
+    if not count.isdigit() or kind not in ("exit", "exitall") or (kind == "exit" and attempt > 1):
+        return None
+    return int(count)

@@ -9,9 +9,10 @@ Why route here and not in Ray's proxy: the proxy hands a replica the ASGI scope 
 it afterwards, so a router behind the proxy never sees a request's model or prompt (only a
 ``serve_multiplexed_model_id`` header, which no OpenAI or Ollama client sends). The ingress reads the
 body once and puts the key in the call's arguments, where Ray Serve's custom request router (ray_router.py)
-reads it. /metrics is every replica's, each sample labelled ``replica`` (metrics_merge.py); every other
-path goes to one replica as routed. A client that leaves cancels its call, and Ray cancels the call on the
-replica (asgi_relay.run_asgi), which aborts its engine jobs.
+reads it. /metrics is every replica's, each sample labelled ``replica`` (metrics_merge.py), and the
+ingress's failover counters; every other path goes to one replica as routed, and to another when that
+replica is lost (failover.py: retried whole, or a stream resumed). A client that leaves cancels its call,
+and Ray cancels the call on the replica (asgi_relay.run_asgi), which aborts its engine jobs.
 """
 
 from __future__ import annotations
@@ -24,17 +25,20 @@ from typing import Any
 from ray import serve
 from starlette.datastructures import MutableHeaders
 from starlette.responses import JSONResponse, Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
-from nxctl.server.api_errors import APIError, error_body
+from nxctl.server.api_errors import error_body
 from nxctl.server.asgi_relay import HttpCall, call_of, read_body
+from nxctl.server.dlq import DeadLetterStore
+from nxctl.server.failover import FailoverCounts, FailoverRelay
+from nxctl.server.faults import seat_dead_letters
 from nxctl.server.metrics_merge import merge_metrics
 from nxctl.server.middleware import BodyLimit, BodyTooLarge
 from nxctl.server.models import seat_registry
 from nxctl.server.prometheus_metrics import CONTENT_TYPE
 from nxctl.server.replay_seed import SEED_HEADER, with_length, with_seed
 from nxctl.server.route_keys import RouteKey, RouteKeys
-from nxctl.server.settings import SeatSettings
+from nxctl.server.settings import FAILOVER_TIMEOUT_S, SeatSettings
 
 log = logging.getLogger("nxctl.serve")
 METRICS_TIMEOUT_S = 10.0
@@ -44,8 +48,17 @@ class Relay:
     """The ingress's ASGI app: every HTTP request relayed to a replica (``seat``: the seat deployment's
     handle)."""
 
-    def __init__(self, seat: Any, keys: RouteKeys) -> None:
+    def __init__(
+        self,
+        seat: Any,
+        keys: RouteKeys,
+        accept_timeout_s: float = FAILOVER_TIMEOUT_S,
+        dead_letters: DeadLetterStore | None = None,
+        skip: bool = True,
+    ) -> None:
         self.seat, self.keys = seat, keys
+        self.counts = FailoverCounts()
+        self.failover = FailoverRelay(accept_timeout_s, dead_letters, self.counts, skip=skip)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Lifespan: nothing to start. HTTP: read, key, relay."""
@@ -73,35 +86,15 @@ class Relay:
         call = call_of(scope, body)
         if seed is not None:
             call = dataclasses.replace(call, headers=with_length(call.headers, body))
-        await self._relay(key, call, scope, receive, send, seed)
 
-    async def _relay(
-        self,
-        key: RouteKey,
-        call: HttpCall,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        seed: int | None = None,
-    ) -> None:
-        """The replica's answer to ``call``, message by message (503 JSON when no replica answers); the
-        seed the ingress gave it in ``x-nxctl-seed`` (replay_seed.py)."""
-        response = self.seat.forward.options(stream=True).remote(key, call)
-        started = False
-        try:
-            async for message in response:
-                if message["type"] == "http.response.start" and seed is not None:
-                    MutableHeaders(scope=message).append(SEED_HEADER, str(seed))
-                started = started or message["type"] == "http.response.start"
-                await send(message)
-        except asyncio.CancelledError:
-            response.cancel()
-            raise
-        except Exception as exc:  # noqa: BLE001 - a replica lost: the client gets JSON, not a traceback
-            log.warning("no replica answered %s %s: %s", call.method, call.path, exc)
-            if not started:
-                err = APIError(503, "no replica of the seat could answer; try again")
-                await JSONResponse(error_body(call.path, err), status_code=503)(scope, receive, send)
+        def named_seed(start: Message) -> None:
+            if seed is not None:
+                MutableHeaders(scope=start).append(SEED_HEADER, str(seed))
+
+        def open_call(sent: HttpCall) -> Any:  # on the replica the router picks for the key
+            return self.seat.forward.options(stream=True).remote(key, sent)
+
+        await self.failover.relay(open_call, call, key.model, send, named_seed)
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Every replica's /metrics, labelled by replica (a replica that does not answer is left out);
@@ -115,7 +108,8 @@ class Relay:
         texts = {r: a[1].decode("utf-8") for r, a in answers.items() if a is not None and a[0] == 200}
         refused = [a for a in answers.values() if a is not None and a[0] != 200]
         if texts or not refused:
-            await Response(merge_metrics(texts), media_type=CONTENT_TYPE)(scope, receive, send)
+            text = merge_metrics(texts) + self.counts.exposition()
+            await Response(text, media_type=CONTENT_TYPE)(scope, receive, send)
         else:
             status, body = refused[0]
             await Response(body, status_code=status, media_type="application/json")(scope, receive, send)
@@ -128,7 +122,7 @@ class Relay:
                 async for message in self.seat.forward.options(stream=True).remote(key, call):
                     if message["type"] == "http.response.start":
                         status = message["status"]
-                    else:
+                    elif message["type"] == "http.response.body":
                         parts.append(message.get("body", b""))
         except Exception as exc:  # noqa: BLE001 - one replica's metrics missing is logged, not fatal
             log.warning("replica %s gave no %s: %s", key.replica or "(any)", call.path, exc)
@@ -143,7 +137,14 @@ class SeatIngress:
 
     def __init__(self, settings: SeatSettings, seat: Any) -> None:
         registry = seat_registry(settings.models, settings.registry, settings.engine)
-        self.relay = Relay(seat, RouteKeys(registry))
+        assert settings.cluster is not None
+        self.relay = Relay(
+            seat,
+            RouteKeys(registry),
+            settings.cluster.failover_timeout_s,
+            seat_dead_letters(settings),
+            skip="resume-no-skip" not in settings.faults,
+        )
         self.max_body_bytes = settings.max_body_bytes
 
     def __serve_build_asgi_app__(self) -> Any:

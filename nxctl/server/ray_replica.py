@@ -19,6 +19,7 @@ Only `nxctl serve --ray` imports this module: it imports ray.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,7 +29,9 @@ from ray.serve.config import RequestRouterConfig
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from nxctl.server.asgi_relay import HttpCall, run_asgi
+from nxctl.server.asgi_relay import HttpCall, header, run_asgi
+from nxctl.server.failover import ACCEPTED, attempt_of
+from nxctl.server.faults import replica_exit_after
 from nxctl.server.ray_ingress import SeatIngress
 from nxctl.server.ray_router import ROUTER_PATH, ROUTING_STATS_PERIOD_S
 from nxctl.server.route_keys import RouteKey
@@ -97,9 +100,17 @@ class SeatReplica:
 
     async def forward(self, key: RouteKey, call: HttpCall) -> AsyncIterator[Message]:
         """The seat's answer to a request the ingress relayed here (``key``: what the router chose by),
-        as ASGI messages; cancelled when its client leaves."""
+        as ASGI messages after ``nxctl.accepted`` (the ingress's sign that a replica has it); cancelled
+        when its client leaves."""
         assert self.seat_app is not None, "the replica takes calls between its constructor and __del__"
+        yield {"type": ACCEPTED}
+        exit_after = replica_exit_after(self.settings.faults, header(call, "x-request-id"), attempt_of(call))
+        bodies = 0
         async for message in run_asgi(self.seat_app, call):
+            if message["type"] == "http.response.body":
+                if bodies == exit_after:  # the fault replica-exit: this process ends as a crash would
+                    os._exit(70)
+                bodies += 1
             yield message
 
     def record_routing_stats(self) -> dict[str, Any]:

@@ -45,7 +45,8 @@ def parse_duration(value: str | float | int) -> float | None:
     return None if seconds < 0 else seconds
 
 
-LOCAL_RAY = "local"  # `--ray` without an address: a Ray instance of our own on this machine
+LOCAL_RAY = "local"
+FAILOVER_TIMEOUT_S = 30.0  # a request waits this long for a replica to take it (failover.py)  # `--ray` without an address: a Ray instance of our own on this machine
 
 
 @dataclass(frozen=True)
@@ -56,12 +57,14 @@ class ClusterSettings:
     no dashboard, no usage stats, an object store of ``object_store_mb``); ``auto`` or ``HOST:PORT`` joins
     a running cluster (``ray start --head``). ``replicas``: seats behind the one endpoint, each with its
     own engine loops, residency pool and budget; ``threads``: torch threads per replica, and the CPUs Ray
-    reserves for each (``num_cpus``)."""
+    reserves for each (``num_cpus``); ``failover_timeout_s``: how long a request waits for a replica to
+    take it, at first or after its replica was lost, before 503 and a dead letter."""
 
     address: str = LOCAL_RAY
     replicas: int = 1
     threads: int = 1
     object_store_mb: int = 100
+    failover_timeout_s: float = FAILOVER_TIMEOUT_S
 
     def __post_init__(self) -> None:
         checks = {
@@ -69,6 +72,7 @@ class ClusterSettings:
             "replicas": self.replicas >= 1,
             "threads": self.threads >= 1,
             "object_store_mb": self.object_store_mb >= 80,  # Ray's floor is 75 MiB
+            "failover_timeout": self.failover_timeout_s > 0,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
