@@ -156,6 +156,11 @@ class ClientSide:
         """Whether another replica can take over a stream (its fields are known), or no stream began."""
         return self.ledger is None or self.ledger.fmt not in (SSE_FALLBACK, NDJSON_FALLBACK)
 
+    async def close(self) -> None:
+        """End a stream whose last event the client already has."""
+        await self.send({"type": "http.response.body", "body": b"", "more_body": False})
+        self.complete = True
+
     async def end_with_error(self, status: int, message: str) -> None:
         """The answer ends here: a JSON error when nothing was sent, else the stream's error events."""
         if self.complete:
@@ -235,6 +240,9 @@ class FailoverRelay:
                 return
             except (ReplicaLost, Exception) as exc:  # noqa: BLE001 - Ray's errors for a replica gone vary
                 if client.complete:
+                    return
+                if client.ledger is not None and client.ledger.finished:  # the client has the whole stream
+                    await client.close()
                     return
                 log.warning("replica lost on %s %s (attempt %d): %s", call.method, call.path, attempt, exc)
                 if not client.resumable:
