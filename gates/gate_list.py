@@ -19,6 +19,7 @@ GATE_MODULES: tuple[str, ...] = (
     "spec_gate",
     "mux_gate",
     "serve_gate",
+    "cluster_gate",
     "census_gate",
 )
 

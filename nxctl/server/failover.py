@@ -250,7 +250,11 @@ class FailoverRelay:
                     return
         self.counts.add("gave_up")
         await self._fail(
-            call, model, client, 503, f"no replica of the seat could answer ({self.max_attempts} tries failed); try again"
+            call,
+            model,
+            client,
+            503,
+            f"no replica of the seat could answer ({self.max_attempts} tries failed); try again",
         )
 
     async def _attempt(

@@ -18,6 +18,7 @@ Only `nxctl serve --ray` imports this module: it imports ray.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator
@@ -44,6 +45,9 @@ DEPLOYMENT_NAME = "seat"
 INGRESS_NAME = "ingress"
 ROUTE_ROUND_ROBIN = "route-round-robin"  # the fault (faults.py): routing that ignores the request
 HEALTH_CHECK_PERIOD_S = 2.0
+# the fault replica-exit: a Ray generator sends what it yields asynchronously, so an exit right after a
+# yield may lose it; the replica waits this long first, and the client surely holds the K messages
+EXIT_FLUSH_S = 1.0
 HEALTH_CHECK_TIMEOUT_S = 10.0
 # requests one replica takes at once beyond its own queue (max_queue waiting, answered 503 past that):
 # the running batch. Ray Serve's default (5) would queue requests in the proxy, not in the seat.
@@ -108,7 +112,8 @@ class SeatReplica:
         bodies = 0
         async for message in run_asgi(self.seat_app, call):
             if message["type"] == "http.response.body":
-                if bodies == exit_after:  # the fault replica-exit: this process ends as a crash would
+                if bodies == exit_after:  # the fault replica-exit: this process ends as a crash would,
+                    await asyncio.sleep(EXIT_FLUSH_S)  # once the K messages yielded have reached the ingress
                     os._exit(70)
                 bodies += 1
             yield message

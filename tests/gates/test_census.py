@@ -70,12 +70,15 @@ STABLE_IDS = {
     *("mux.neg.mru", "mux.neg.force_load_refusal", "mux.neg.force_load_budget"),
     *("serve.openai_schema", "serve.ollama_schema", "serve.invariance_e2e", "serve.bad_requests_4xx"),
     *("serve.metrics", "serve.dlq", "serve.neg.corrupted_chunk", "serve.neg.dropped_request"),
+    *("cluster.routing_by_model", "cluster.shared_prefix_together", "cluster.retry_whole"),
+    *("cluster.resume_stream", "cluster.no_replica_503"),
+    *("cluster.neg.route_round_robin", "cluster.neg.resume_no_skip"),
 }
 REQUIRED_ROWS = {
     *("continuous_batching", "paged_kv", "chunked_prefill", "batch_invariance", "prefix_cache"),
     *("priority_preemption", "fair_tenants", "speculative_decoding", "multi_model_residency"),
     *("dead_letter_queue", "openai_seam", "ollama_seam", "observability", "throughput_vs_peer"),
-    *("gpu_kernels", "multi_gpu", "hardware_partition"),
+    *("gpu_kernels", "multi_gpu", "hardware_partition", "replica_routing", "replica_failover"),
 }
 GOOD_FIGURES = {
     "ratios.cb_invariant_vs_hf_output_throughput": 3.0,
