@@ -116,8 +116,9 @@ def _failovers(client: httpx.Client, outcome: str) -> float:
 
 def _streamed(
     client: httpx.Client, request_id: str, seed: int | None = None
-) -> tuple[str, list[Any], int, int]:
-    """A streamed chat as a client accumulates it: content, logprob entries, [DONE]s, and its seed."""
+) -> tuple[str, list[Any], int, int, int]:
+    """A streamed chat as a client accumulates it: content, logprob entries, [DONE]s, role announcements,
+    and its seed (last)."""
     body: dict[str, Any] = {
         "model": "tiny",
         "messages": USER,
@@ -128,7 +129,8 @@ def _streamed(
     }
     if seed is not None:
         body["seed"] = seed
-    content, entries, done, roles = "", [], 0, 0
+    content, done, roles = "", 0, 0
+    entries: list[Any] = []
     with client.stream("POST", "/v1/chat/completions", json=body, headers={"X-Request-Id": request_id}) as r:
         named = int(r.headers.get(SEED, -1 if seed is None else seed))
         for line in r.iter_lines():
