@@ -51,8 +51,10 @@ USER = [{"role": "user", "content": "Tell me a story about a lighthouse."}]
 TIMEOUT_S = 120.0
 
 
-def _registry(root: Path) -> Path:
-    path = root / "registry.toml"
+def write_registry(folder: Path) -> Path:
+    """A registry of three names for `tiny` in ``folder`` (tiny, alpha, beta): 72 MB each, two a replica."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "registry.toml"
     source = json.dumps(str(FIXTURES / "tiny"))
     names = ("tiny", "alpha", "beta")
     path.write_text(
@@ -61,22 +63,25 @@ def _registry(root: Path) -> Path:
     return path
 
 
+def seat_options(folder: Path) -> list[str]:
+    """`nxctl serve --ray` options of the two-replica seat (after ``--ray``): 2 replicas of 1 thread, the
+    registry above, tiny preloaded, the budget, short drains."""
+    registry = str(write_registry(folder))
+    replicas = ["--replicas", "2", "--threads", "1", "--registry", registry, "--model", "tiny"]
+    return [*replicas, "--budget-mb", BUDGET_MB, "--keep-alive", "-1", "--drain-timeout", "5"]
+
+
 def _seat_args(root: Path, faults: tuple[str, ...]) -> list[str]:
-    root.mkdir(parents=True, exist_ok=True)
-    registry = str(_registry(root))
-    args = ["--ray", "--replicas", "2", "--threads", "1", "--registry", registry, "--model", "tiny"]
-    args += [
-        "--budget-mb",
-        BUDGET_MB,
-        "--keep-alive",
-        "-1",
-        "--drain-timeout",
-        "5",
+    chosen = [arg for fault in faults for arg in ("--fault", fault)]
+    return [
+        "--ray",
+        *seat_options(root),
         "--failover-timeout",
         "8",
+        "--dlq",
+        str(root / "dlq.sqlite"),
+        *chosen,
     ]
-    args += ["--dlq", str(root / "dlq.sqlite")]
-    return args + [arg for fault in faults for arg in ("--fault", fault)]
 
 
 def _chat(client: httpx.Client, body: dict[str, Any], request_id: str) -> httpx.Response:

@@ -3,44 +3,28 @@ fault route-round-robin), so that the negative control runs the very checks it m
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 
 import httpx
 import openai
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+from gates.cluster_gate import seat_options, write_registry
+
 REPLICA = "x-nxctl-replica"
-# three names for the same tiny model: tiny preloaded on every replica, alpha and beta loaded on demand;
-# a replica's budget (150 MB) holds two of them (72 MB each), so alpha and beta each fit beside tiny
-BUDGET_MB = "150"
+# three names for the same tiny model (the cluster gate's registry): tiny preloaded on every replica, alpha
+# and beta loaded on demand; a replica's budget (150 MB) holds two of them (72 MB each)
 DOCUMENT = "Ray Serve replicas keep their prefix caches warm when routed well. " * 8
 
 
 def registry(folder: Path) -> Path:
-    """The test's registry file."""
-    path = folder / "registry.toml"
-    source = json.dumps(str(FIXTURES / "tiny"))
-    path.write_text(
-        "".join(
-            f'[[model]]\nid = {i}\nname = "{name}"\nsource = {source}\n'
-            for i, name in enumerate(("tiny", "alpha", "beta"))
-        )
-    )
-    return path
+    """The test's registry file (the cluster gate's: tiny, alpha, beta)."""
+    return write_registry(folder)
 
 
 def seat_args(folder: Path) -> list[str]:
     """`nxctl serve --ray` arguments: 2 replicas of 1 thread, tiny preloaded, the budget above."""
-    return ["--replicas", "2", "--threads", "1", "--registry", str(registry(folder)), "--model", "tiny"] + [
-        "--budget-mb",
-        BUDGET_MB,
-        "--keep-alive",
-        "-1",
-        "--drain-timeout",
-        "5",
-    ]
+    return seat_options(folder)
 
 
 def openai_client(url: str) -> openai.OpenAI:
