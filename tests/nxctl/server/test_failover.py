@@ -215,3 +215,44 @@ def test_replicas_that_keep_dying_end_in_a_503_not_a_hang(seat, dead_letters) ->
     status, body = answer(relay, replicas(seat.url, {1: 0, 2: 0, 3: 0}), chat_call(stream=False))
     assert status == 503 and "(3 tries failed)" in json.loads(body)["error"]["message"]
     assert dead_letters.count() == 1
+
+
+class ScriptedReplica:
+    """A replica whose messages are given, lost (an error) after them unless ``whole``."""
+
+    def __init__(self, messages: list[Message], whole: bool) -> None:
+        self.messages, self.whole = messages, whole
+
+    def __aiter__(self) -> AsyncIterator[Message]:
+        return self._messages()
+
+    async def _messages(self) -> AsyncIterator[Message]:
+        yield {"type": ACCEPTED}
+        for message in self.messages:
+            yield message
+        if not self.whole:
+            raise ReplicaLost("the replica's actor died")
+
+    def cancel(self) -> None:
+        pass
+
+
+def test_a_replica_lost_after_the_client_has_the_whole_stream_just_ends_it(dead_letters) -> None:
+    """The last event ([DONE]) went out before the replica died: the stream is closed, nobody asked again."""
+    start = {
+        "type": "http.response.start",
+        "status": 200,
+        "headers": [(b"content-type", b"text/event-stream")],
+    }
+    events = b'data: {"id":"a","created":1,"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":"stop"}]}\n\n'
+    opened: list[HttpCall] = []
+
+    def open_call(call: HttpCall) -> ScriptedReplica:
+        opened.append(call)
+        body = {"type": "http.response.body", "body": events + b"data: [DONE]\n\n", "more_body": True}
+        return ScriptedReplica([start, body], whole=False)
+
+    relay = FailoverRelay(30, dead_letters)
+    status, body = answer(relay, open_call, chat_call(stream=True))
+    assert status == 200 and sse_view(body)[0] == "hi" and sse_view(body)[2] == 1
+    assert len(opened) == 1 and dead_letters.count() == 0
