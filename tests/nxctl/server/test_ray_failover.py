@@ -41,7 +41,7 @@ def test_a_replica_killed_after_k_streamed_chunks_loses_nothing_and_changes_no_c
     before = failovers(seat.url, "resumed")
     content, entries, seed = streamed_chat(seat.url, f"exit-{after}-openai")  # the ingress drew the seed
     replayed = streamed_chat(seat.url, f"replay-{after}", seed)
-    assert seed >= 0 and content and len(entries) == 48
+    assert seed >= 0 and content and entries  # up to 48 tokens: a sampled answer may end at EOS sooner
     assert (content, entries) == replayed[:2]  # every character and logprob, once
     assert failovers(seat.url, "resumed") == before + 1  # the replica did die mid-stream
 
