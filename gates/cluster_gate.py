@@ -98,7 +98,7 @@ def _landings(client: httpx.Client) -> list[tuple[str, str]]:
     return landings
 
 
-def _landing_problems(landings: list[tuple[str, str]]) -> list[str]:
+def landing_problems(landings: list[tuple[str, str]]) -> list[str]:
     """A model on several replicas, or alpha and beta (which cannot both be held) on one."""
     by_model: dict[str, set[str]] = {}
     for model, replica in landings:
@@ -167,7 +167,7 @@ def _resume_pair(client: httpx.Client, tag: str) -> tuple[tuple[Any, ...], tuple
 def _honest_checks(run: GateRun, client: httpx.Client, dlq: Path) -> dict[str, Any]:
     """The checks on the seat without routing or resume faults; returns their evidence for the controls."""
     landings = _landings(client)
-    problems = _landing_problems(landings)
+    problems = landing_problems(landings)
     run.check(
         "cluster.routing_by_model",
         not problems,
@@ -263,7 +263,7 @@ def _body(run: GateRun) -> None:
             with httpx.Client(base_url=url, timeout=TIMEOUT_S) as client:
                 broken = _broken_evidence(client)
         controls: tuple[tuple[str, str, Callable[[Any], bool]], ...] = (
-            ("cluster.neg.route_round_robin", "landings", lambda landings: bool(_landing_problems(landings))),
+            ("cluster.neg.route_round_robin", "landings", lambda landings: bool(landing_problems(landings))),
             ("cluster.neg.resume_no_skip", "resume", _resume_differs),
         )
         for check_id, key, detect in controls:
@@ -276,7 +276,7 @@ def _body(run: GateRun) -> None:
 
 def _observed(key: str, evidence: Any) -> str:
     if key == "landings":
-        return "; ".join(_landing_problems(evidence)) or "landed as if routed by model"
+        return "; ".join(landing_problems(evidence)) or "landed as if routed by model"
     resumed, replayed = evidence
     return f"resumed stream {len(resumed[0])} characters, replayed {len(replayed[0])}"
 

@@ -3,7 +3,6 @@ fault route-round-robin), so that the negative control runs the very checks it m
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 
 import httpx
@@ -38,18 +37,6 @@ def chat_replica(url: str, model: str, content: str, max_tokens: int = 4) -> str
     )
     raw.parse()
     return raw.headers[REPLICA]
-
-
-def landing_problems(landings: Iterable[tuple[str, str]]) -> list[str]:
-    """What is wrong with (model, replica) landings: a model on several replicas, or two models that
-    cannot both be held (alpha, beta) on one replica."""
-    by_model: dict[str, set[str]] = {}
-    for model, replica in landings:
-        by_model.setdefault(model, set()).add(replica)
-    problems = [f"{m} landed on {sorted(r)}" for m, r in by_model.items() if len(r) != 1]
-    if not problems and len({next(iter(r)) for r in by_model.values()}) != len(by_model):
-        problems.append(f"two models share a replica: {by_model}")
-    return problems
 
 
 def metric(url: str, name: str, model: str) -> dict[str, float]:

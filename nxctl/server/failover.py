@@ -238,7 +238,7 @@ class FailoverRelay:
                 self.counts.add("gave_up")
                 await self._fail(call, model, client, 503, str(exc))
                 return
-            except (ReplicaLost, Exception) as exc:  # noqa: BLE001 - Ray's errors for a replica gone vary
+            except Exception as exc:  # noqa: BLE001 - ReplicaLost, or Ray's errors for a replica gone (they vary)
                 if client.complete:
                     return
                 if client.ledger is not None and client.ledger.finished:  # the client has the whole stream

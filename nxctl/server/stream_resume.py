@@ -189,16 +189,16 @@ class StreamLedger:
 
     fmt: StreamFormat
     events: list[bytes] = field(default_factory=list)
-    finished: bool = False  # the client has the answer's end: nothing to resume
 
     def sent(self, event: bytes) -> None:
         """Note an event forwarded to the client (mutates)."""
         self.events.append(event)
-        payload = self.fmt.payload(event)
-        if payload == "[DONE]" or (
-            isinstance(payload, dict) and (payload.get("done") is True or "error" in payload)
-        ):
-            self.finished = True
+
+    @property
+    def finished(self) -> bool:
+        """Whether the client has the answer's end (``[DONE]``, ``done``, an error): nothing to resume.
+        Read from the last event alone when a replica is lost, never once per event."""
+        return bool(self.events) and _ends(self.fmt.payload(self.events[-1])) == [()]
 
     def resumption(self) -> Resumption:
         """A Resumption against everything sent so far (what the client has, field by field)."""

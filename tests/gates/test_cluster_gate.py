@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gates.cluster_gate import GATE, _landing_problems, _resume_differs
+from gates.cluster_gate import GATE, _resume_differs, landing_problems
 from gates.framework import read_tsv, run_gate_and_blinded
 
 pytest.importorskip("ray.serve")
@@ -28,11 +28,9 @@ def test_gate_is_green_and_blinded_is_red_exactly_at_its_controls(tmp_path: Path
 
 def test_the_checkers_catch_what_they_must() -> None:
     routed = [("alpha", "a"), ("alpha", "a"), ("beta", "b")]
-    assert _landing_problems(routed) == []
-    assert _landing_problems([("alpha", "a"), ("alpha", "b"), ("beta", "b")]) == [
-        "alpha landed on 2 replicas"
-    ]
-    assert _landing_problems([("alpha", "a"), ("beta", "a")]) == ["alpha and beta share a replica"]
+    assert landing_problems(routed) == []
+    assert landing_problems([("alpha", "a"), ("alpha", "b"), ("beta", "b")]) == ["alpha landed on 2 replicas"]
+    assert landing_problems([("alpha", "a"), ("beta", "a")]) == ["alpha and beta share a replica"]
     whole = ("text", [1, 2], 1, 1, 7)
     assert not _resume_differs((whole, whole))
     assert _resume_differs((("text", [1, 2], 1, 2, 7), whole))  # the role announced twice

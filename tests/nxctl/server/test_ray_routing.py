@@ -16,6 +16,7 @@ import ollama
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gates.cluster_gate import landing_problems
 from nxctl.server.app import create_app
 from nxctl.server.route_policy import LOAD_BOUND
 from nxctl.server.settings import SeatSettings
@@ -23,7 +24,6 @@ from nxctl.server.uvicorn_seat import BackgroundSeat
 from tests.ray_routing_checks import (
     REPLICA,
     chat_replica,
-    landing_problems,
     metric,
     openai_client,
     registry,

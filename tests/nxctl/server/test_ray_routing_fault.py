@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.ray_routing_checks import chat_replica, landing_problems, seat_args, shared_prefix_landings
+from gates.cluster_gate import landing_problems
+from tests.ray_routing_checks import chat_replica, seat_args, shared_prefix_landings
 from tests.ray_seats import RaySeatProcess, running
 
 pytest.importorskip("ray.serve")
