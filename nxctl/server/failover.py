@@ -107,6 +107,7 @@ class ClientSide:
     partial: bytes = b""
     started: bool = False  # the start message went out
     complete: bool = False
+    before_end: Callable[[], None] = lambda: None  # called just before the answer's last message goes out
 
     async def begin(self, message: Message, decorate: Callable[[Message], None]) -> None:
         """The first replica's start message: streams start now, whole answers are held."""
@@ -126,6 +127,7 @@ class ClientSide:
             self.held.append(chunk)
             if not more:
                 assert self.start is not None
+                self.before_end()
                 await self.send(self.start)
                 await self.send(
                     {"type": "http.response.body", "body": b"".join(self.held), "more_body": False}
@@ -141,6 +143,7 @@ class ClientSide:
             if event.strip():
                 await self._event(event + separator, resume)
         if not more:
+            self.before_end()
             await self.send({"type": "http.response.body", "body": b"", "more_body": False})
             self.complete = True
 
@@ -281,14 +284,18 @@ class FailoverRelay:
             resume = None
             if client.started and client.ledger is not None and self.skip:
                 resume = client.ledger.resumption()
+            if (
+                attempt > 1
+            ):  # counted before the client has its answer's end (a client may read /metrics then)
+                client.before_end = lambda: self.counts.add(
+                    "resumed" if client.ledger is not None else "retried"
+                )
             if first["type"] != ACCEPTED:
                 await self._message(first, client, resume, decorate)
             async for message in messages:
                 await self._message(message, client, resume, decorate)
             if not client.complete:
                 raise ReplicaLost("the replica's answer stopped short")
-            if attempt > 1:
-                self.counts.add("resumed" if client.ledger is not None else "retried")
         except BaseException:
             response.cancel()
             raise
