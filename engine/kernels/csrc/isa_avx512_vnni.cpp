@@ -4,12 +4,15 @@
 // place, each against its pair of inputs, stored x0 x2 / x1 x3). Q8 weights are stored as q + 128
 // (unsigned), so the sum is corrected by 128 * sum(qx), exactly.
 // The float combine per block is qdot.h's, lane by lane: the same bits as the AVX2 and generic
-// entries. table_for (ops.h) gives this table only on a CPU with AVX512F, BW, VL and VNNI (with AVX2, FMA
+// entries. With more than kUnpackRows rows (prefill chunks), a thread unpacks each panel once into
+// unsigned bytes and float32 scales and its row tiles read those (the K types' bits and sub-scales are
+// then decoded once per call, not once per 4 rows). table_for (ops.h) gives this table only on a CPU with AVX512F, BW, VL and VNNI (with AVX2, FMA
 // and F16C).
 #if defined(__x86_64__) || defined(_M_X64)
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "vec.h"
 
@@ -85,35 +88,92 @@ inline __m512i quad_of(const uint8_t* quants, int64_t j) {
 template <int F>
 constexpr int32_t kWeightBias = is_biased_byte(F) ? 128 : quant_offset(F);
 
-// R rows (from row m) x P panels over all of K, stored to y (columns from col); Q: int8 or int16 inputs
-template <int F, int R, int P, class Q>
-void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t panel_bytes, int64_t m, float* y, int64_t N,
-              int64_t col) {
-  constexpr int64_t TB = tile_bytes(F);
+// With more rows than kUnpackRows, a thread unpacks each of its panels once per call into a scratch of
+// unsigned weight bytes (quad_of's, 64 bytes a quad) and float32 scales (scales_of's, 16 a field), and
+// every row tile reads that instead of unpacking the panel's quants and forming its scales again for
+// every 4 rows. The tile reads the same bytes and scales either way (PackedBlocks, UnpackedBlocks), so
+// its integer sums and float operations, in one order, are the same bits.
+template <int F>
+constexpr int kScratchFields = F == kQ2S ? 4 : (has_half_scales(F) || has_min(F)) ? 2 : 1;
+template <int F>
+constexpr int64_t kScratchBlockBytes = kQuads * kQuadRowBytes + kScratchFields<F> * kPanel * 4;
+
+// A panel's nb blocks into out [nb, kScratchBlockBytes<F>] (64-byte aligned)
+template <int F>
+void unpack_panel(const uint8_t* panel, int64_t nb, uint8_t* out) {
+  for (int64_t b = 0; b < nb; ++b) {
+    alignas(64) float buf[kHeadFloats];
+    const uint8_t* tile = block_head16<F>(panel, b, buf);
+    const uint8_t* quants = block_quants<F>(panel, b);
+    uint8_t* at = out + b * kScratchBlockBytes<F>;
+    for (int64_t j = 0; j < kQuads; ++j) _mm512_store_si512(at + j * kQuadRowBytes, quad_of<F>(quants, j));
+    float* fields = reinterpret_cast<float*>(at + kQuads * kQuadRowBytes);
+    for (int f = 0; f < kScratchFields<F>; ++f) _mm512_store_ps(fields + f * kPanel, scales_of<F>(tile, f));
+  }
+}
+
+// P packed panels (``stride`` bytes apart), each block's quants unpacked and scales formed as it is read
+template <int F, int P>
+struct PackedBlocks {
+  const uint8_t* panel;
+  int64_t stride;
+  const uint8_t* tile[P];  // the block's scale header (block_head)
+  const uint8_t* quants[P];
+  alignas(64) float buf[P][kHeadFloats];
+  void at_block(int64_t b) {
+    constexpr int64_t TB = tile_bytes(F);
+    for (int p = 0; p < P; ++p) {
+      const uint8_t* at = tile_at<F>(panel + p * stride, b);
+      for (int64_t line = 0; line < TB; line += 64) __builtin_prefetch(at + 4 * TB + line);
+      tile[p] = block_head16<F>(panel + p * stride, b, buf[p]);
+      quants[p] = block_quants<F>(panel + p * stride, b);
+    }
+  }
+  __m512i quad(int p, int64_t j) const { return quad_of<F>(quants[p], j); }
+  __m512 scales(int p, int field) const { return scales_of<F>(tile[p], field); }
+};
+
+// P panels unpacked by unpack_panel (``stride`` bytes apart)
+template <int F, int P>
+struct UnpackedBlocks {
+  const uint8_t* panel;
+  int64_t stride;
+  const uint8_t* at[P];
+  void at_block(int64_t b) {
+    for (int p = 0; p < P; ++p) at[p] = panel + p * stride + b * kScratchBlockBytes<F>;
+  }
+  __m512i quad(int p, int64_t j) const { return _mm512_load_si512(at[p] + j * kQuadRowBytes); }
+  __m512 scales(int p, int field) const {
+    return _mm512_load_ps(reinterpret_cast<const float*>(at[p] + kQuads * kQuadRowBytes) + field * kPanel);
+  }
+};
+
+// R rows (from row m) x P panels over all of K, stored to y (columns from col); Q: int8 or int16 inputs;
+// W: where the weights come from (PackedBlocks, UnpackedBlocks)
+template <int F, int R, int P, class Q, class W>
+void dot_tile(const QActsOf<Q>& a, int64_t K, W weights, int64_t m, float* y, int64_t N, int64_t col) {
   constexpr int passes = has_half_scales(F) ? 2 : 1;  // Q8S, Q3S, Q2S: one scale per half block
   const int64_t nb = K / kQBlock;
   __m512 acc[R][P];
   for (int r = 0; r < R; ++r)
     for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* tile[P];  // the block's scale header (block_head)
-    const uint8_t* quants[P];
-    alignas(64) float buf[P][kHeadFloats];
-    for (int p = 0; p < P; ++p) {
-      const uint8_t* at = tile_at<F>(panel + p * panel_bytes, b);
-      for (int64_t line = 0; line < TB; line += 64) __builtin_prefetch(at + 4 * TB + line);
-      tile[p] = block_head16<F>(panel + p * panel_bytes, b, buf[p]);
-      quants[p] = block_quants<F>(panel + p * panel_bytes, b);
-    }
+    weights.at_block(b);
     const int32_t* xw[R];  // the row's inputs by 4 bytes: one quad (int8) or half a quad (int16)
     for (int r = 0; r < R; ++r) xw[r] = reinterpret_cast<const int32_t*>(a.q + (m + r) * K + b * kQBlock);
     for (int pass = 0; pass < passes; ++pass) {
+      // each sum starts at -bias * sum(qx), the unsigned bytes' excess (integers: exact in any order)
+      int32_t xsum[R];
       __m512i is[R][P];
-      for (int r = 0; r < R; ++r)
-        for (int p = 0; p < P; ++p) is[r][p] = _mm512_setzero_si512();
+      for (int r = 0; r < R; ++r) {
+        const int32_t* s = a.s + ((m + r) * nb + b) * 2;
+        xsum[r] = passes == 2 ? s[pass] : s[0] + s[1];
+        const __m512i start = _mm512_set1_epi32(-kWeightBias<F> * xsum[r]);
+        for (int p = 0; p < P; ++p) is[r][p] = start;
+      }
       for (int64_t j = pass * kQuads / passes; j < (pass + 1) * kQuads / passes; ++j) {
         __m512i w[P];
-        for (int p = 0; p < P; ++p) w[p] = quad_of<F>(quants[p], j);
+        for (int p = 0; p < P; ++p) w[p] = weights.quad(p, j);
         if constexpr (sizeof(Q) == 2) {
           __m512i odd[P];
           for (int p = 0; p < P; ++p) {
@@ -134,19 +194,15 @@ void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t pane
       }
       __m512 d[P], mins[P];  // the block's scales (and mins), once for all the rows
       for (int p = 0; p < P; ++p) {
-        d[p] = scales_of<F>(tile[p], pass);
-        if constexpr (has_min(F)) mins[p] = scales_of<F>(tile[p], min_field(F, pass));
+        d[p] = weights.scales(p, pass);
+        if constexpr (has_min(F)) mins[p] = weights.scales(p, min_field(F, pass));
       }
       for (int r = 0; r < R; ++r) {
         const float dx = a.d[(m + r) * nb + b];
-        const int32_t* s = a.s + ((m + r) * nb + b) * 2;
-        const int32_t xsum = passes == 2 ? s[pass] : s[0] + s[1];
         const __m512 dxv = _mm512_set1_ps(dx);
-        const __m512 cx = _mm512_set1_ps(dx * static_cast<float>(xsum));
+        const __m512 cx = _mm512_set1_ps(dx * static_cast<float>(xsum[r]));
         for (int p = 0; p < P; ++p) {
-          __m512i exact = is[r][p];
-          if constexpr (kWeightBias<F> != 0) exact = _mm512_sub_epi32(exact, _mm512_set1_epi32(kWeightBias<F> * xsum));
-          acc[r][p] = _mm512_fmadd_ps(_mm512_mul_ps(d[p], dxv), _mm512_cvtepi32_ps(exact), acc[r][p]);
+          acc[r][p] = _mm512_fmadd_ps(_mm512_mul_ps(d[p], dxv), _mm512_cvtepi32_ps(is[r][p]), acc[r][p]);
           if constexpr (has_min(F)) acc[r][p] = _mm512_fmadd_ps(mins[p], cx, acc[r][p]);
         }
       }
@@ -160,14 +216,41 @@ void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t pane
     }
 }
 
-template <int F, int P, class Q>
-void dot_rows(int64_t rows, const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t panel_bytes, int64_t m, float* y,
+// ``rows`` (1..kDotRows) rows from m against P panels from ``panel`` (packed, or unpacked when W says so)
+template <int F, int P, class Q, template <int, int> class W>
+void dot_rows(int64_t rows, const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t stride, int64_t m, float* y,
               int64_t N, int64_t col) {
   switch (rows) {
-    case 4: dot_tile<F, 4, P, Q>(a, K, panel, panel_bytes, m, y, N, col); break;
-    case 3: dot_tile<F, 3, P, Q>(a, K, panel, panel_bytes, m, y, N, col); break;
-    case 2: dot_tile<F, 2, P, Q>(a, K, panel, panel_bytes, m, y, N, col); break;
-    default: dot_tile<F, 1, P, Q>(a, K, panel, panel_bytes, m, y, N, col); break;
+    case 4: dot_tile<F, 4, P, Q>(a, K, W<F, P>{panel, stride}, m, y, N, col); break;
+    case 3: dot_tile<F, 3, P, Q>(a, K, W<F, P>{panel, stride}, m, y, N, col); break;
+    case 2: dot_tile<F, 2, P, Q>(a, K, W<F, P>{panel, stride}, m, y, N, col); break;
+    default: dot_tile<F, 1, P, Q>(a, K, W<F, P>{panel, stride}, m, y, N, col); break;
+  }
+}
+
+// Column panels [panel_begin, panel_end), two at a time: unpacked into this thread's scratch, then met
+// by every row tile
+template <int F, class Q>
+void qdot_panels_unpacked(const QActsOf<Q>& a, int64_t M, int64_t K, const uint8_t* packed, int64_t N, float* y,
+                          int64_t panel_begin, int64_t panel_end) {
+  const int64_t panel_bytes = panel_bytes_of(F, K), nb = K / kQBlock, stride = nb * kScratchBlockBytes<F>;
+  thread_local std::vector<uint8_t> scratch;  // 64 bytes more than two panels' need, for the alignment
+  const size_t need = static_cast<size_t>(2 * stride + 64);
+  if (scratch.size() < need) scratch.resize(need);
+  const uintptr_t start = reinterpret_cast<uintptr_t>(scratch.data());
+  uint8_t* unpacked = scratch.data() + ((64 - start % 64) % 64);
+  for (int64_t p = panel_begin; p < panel_end;) {
+    const int64_t P = std::min<int64_t>(2, panel_end - p);
+    for (int64_t i = 0; i < P; ++i) unpack_panel<F>(packed + (p + i) * panel_bytes, nb, unpacked + i * stride);
+    for (int64_t m = 0; m < M; m += kDotRows) {
+      const int64_t rows = std::min(kDotRows, M - m);
+      if (P == 2) {
+        dot_rows<F, 2, Q, UnpackedBlocks>(rows, a, K, unpacked, stride, m, y, N, p * kPanel);
+      } else {
+        dot_rows<F, 1, Q, UnpackedBlocks>(rows, a, K, unpacked, stride, m, y, N, p * kPanel);
+      }
+    }
+    p += P;
   }
 }
 
@@ -176,12 +259,18 @@ void dot_rows(int64_t rows, const QActsOf<Q>& a, int64_t K, const uint8_t* panel
 // for more fma chains at one or two rows) ran at ~22 GB/s from memory where one stream runs at ~31
 // (smollm2's 121 quantized linears at one row; the machine reads ~33 GB/s); from cache they are ~15% faster.
 constexpr int64_t kStreamRows = 8;
+// Above this many rows a call unpacks its panels first (qdot_panels_unpacked): at 16 rows (a batch's decode)
+// the unpacking costs what it saves; at 32 and more (prefill chunks, batches with context rows) it pays
+constexpr int64_t kUnpackRows = 16;
 
 // Column panels [panel_begin, panel_end): rows by blocks (dot_row_block), panels one at a time for up to
 // kStreamRows rows, else two side by side, each group of panels met by the block's row tiles in turn.
 template <int F, class Q>
 void qdot_panels_vnni(const QActsOf<Q>& a, int64_t M, int64_t K, const uint8_t* packed, int64_t N, float* y,
                       int64_t panel_begin, int64_t panel_end) {
+  if constexpr (F != kQ8) {
+    if (M > kUnpackRows) return qdot_panels_unpacked<F, Q>(a, M, K, packed, N, y, panel_begin, panel_end);
+  }
   const int64_t panel_bytes = panel_bytes_of(F, K);
   const int64_t row_block = dot_row_block<Q>(K, (panel_end - panel_begin) * panel_bytes);
   for (int64_t m0 = 0; m0 < M; m0 += row_block) {
@@ -192,9 +281,9 @@ void qdot_panels_vnni(const QActsOf<Q>& a, int64_t M, int64_t K, const uint8_t* 
       for (int64_t m = m0; m < m1; m += kDotRows) {
         const int64_t rows = std::min(kDotRows, m1 - m);
         if (P == 2) {
-          dot_rows<F, 2, Q>(rows, a, K, panel, panel_bytes, m, y, N, p * kPanel);
+          dot_rows<F, 2, Q, PackedBlocks>(rows, a, K, panel, panel_bytes, m, y, N, p * kPanel);
         } else {
-          dot_rows<F, 1, Q>(rows, a, K, panel, panel_bytes, m, y, N, p * kPanel);
+          dot_rows<F, 1, Q, PackedBlocks>(rows, a, K, panel, panel_bytes, m, y, N, p * kPanel);
         }
       }
       p += P;
