@@ -228,6 +228,20 @@ void dot_rows(int64_t rows, const QActsOf<Q>& a, int64_t K, const uint8_t* panel
   }
 }
 
+// Rows [m0, m1) by row tiles against P (1 or 2) panels from ``panel``, ``stride`` bytes apart
+template <int F, class Q, template <int, int> class W>
+void row_tiles(int64_t P, const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t stride, int64_t m0, int64_t m1,
+               float* y, int64_t N, int64_t col) {
+  for (int64_t m = m0; m < m1; m += kDotRows) {
+    const int64_t rows = std::min(kDotRows, m1 - m);
+    if (P == 2) {
+      dot_rows<F, 2, Q, W>(rows, a, K, panel, stride, m, y, N, col);
+    } else {
+      dot_rows<F, 1, Q, W>(rows, a, K, panel, stride, m, y, N, col);
+    }
+  }
+}
+
 // Column panels [panel_begin, panel_end), two at a time: unpacked into this thread's scratch, then met
 // by every row tile
 template <int F, class Q>
@@ -242,14 +256,7 @@ void qdot_panels_unpacked(const QActsOf<Q>& a, int64_t M, int64_t K, const uint8
   for (int64_t p = panel_begin; p < panel_end;) {
     const int64_t P = std::min<int64_t>(2, panel_end - p);
     for (int64_t i = 0; i < P; ++i) unpack_panel<F>(packed + (p + i) * panel_bytes, nb, unpacked + i * stride);
-    for (int64_t m = 0; m < M; m += kDotRows) {
-      const int64_t rows = std::min(kDotRows, M - m);
-      if (P == 2) {
-        dot_rows<F, 2, Q, UnpackedBlocks>(rows, a, K, unpacked, stride, m, y, N, p * kPanel);
-      } else {
-        dot_rows<F, 1, Q, UnpackedBlocks>(rows, a, K, unpacked, stride, m, y, N, p * kPanel);
-      }
-    }
+    row_tiles<F, Q, UnpackedBlocks>(P, a, K, unpacked, stride, 0, M, y, N, p * kPanel);
     p += P;
   }
 }
@@ -278,14 +285,7 @@ void qdot_panels_vnni(const QActsOf<Q>& a, int64_t M, int64_t K, const uint8_t* 
     for (int64_t p = panel_begin; p < panel_end;) {
       const int64_t P = M <= kStreamRows ? 1 : std::min<int64_t>(2, panel_end - p);
       const uint8_t* panel = packed + p * panel_bytes;
-      for (int64_t m = m0; m < m1; m += kDotRows) {
-        const int64_t rows = std::min(kDotRows, m1 - m);
-        if (P == 2) {
-          dot_rows<F, 2, Q, PackedBlocks>(rows, a, K, panel, panel_bytes, m, y, N, p * kPanel);
-        } else {
-          dot_rows<F, 1, Q, PackedBlocks>(rows, a, K, panel, panel_bytes, m, y, N, p * kPanel);
-        }
-      }
+      row_tiles<F, Q, PackedBlocks>(P, a, K, panel, panel_bytes, m0, m1, y, N, p * kPanel);
       p += P;
     }
   }
