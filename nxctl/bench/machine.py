@@ -27,6 +27,7 @@ import resource
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -125,6 +126,14 @@ def _sync(device: torch.device) -> None:
 
 
 def peak_rss_mb() -> float:
-    """Peak resident set size of this process, in MiB (ru_maxrss: KiB on Linux, bytes on macOS)."""
+    """Peak resident set size of this process, in MiB: Linux's VmHWM (this process image's own high-water
+    mark), else ru_maxrss (KiB on Linux, bytes on macOS). Not ru_maxrss first: Linux carries it across
+    fork and exec, so a probe started from a bench that holds a model would report the bench's peak."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
 from engine.config import EngineConfig
 from engine.llm_engine import Engine
 from engine.loader import LoadedModel
@@ -52,3 +58,28 @@ def _run(engine: Engine, prompt: list[int], params: SamplingParams):
             if out.finished and out.request_id == rid:
                 final = out
     return final
+
+
+_CHILD_PEAK = "from nxctl.bench.machine import peak_rss_mb; print(peak_rss_mb())"
+_CHILD_RU_MAXRSS = "import resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
+
+
+def _child_prints(code: str) -> float:
+    """What a fresh Python process started from this one prints (a number)."""
+    return float(
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    )
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="VmHWM is Linux's")
+def test_a_child_process_reports_its_own_peak_not_its_parents():
+    """The memory probe runs in a child of the bench, which may hold a model: the child's load peak must
+    be its own (ru_maxrss would carry the parent's high-water mark across fork and exec)."""
+    held = bytearray(1024 * 1024 * 1024)  # 1 GiB written: this process's RSS and peak pass 1 GiB
+    for i in range(0, len(held), 4096):
+        held[i] = 1
+    child_peak_mb, inherited_mb = _child_prints(_CHILD_PEAK), _child_prints(_CHILD_RU_MAXRSS)
+    del held
+    assert child_peak_mb < 700, f"the child reported {child_peak_mb:.0f} MiB: not its own peak"
+    # the negative control: ru_maxrss in the same kind of child carries the parent's 1 GiB
+    assert inherited_mb >= 1024, f"ru_maxrss in a child: {inherited_mb:.0f} MiB (the control no longer fails)"
