@@ -284,9 +284,7 @@ class FailoverRelay:
             resume = None
             if client.started and client.ledger is not None and self.skip:
                 resume = client.ledger.resumption()
-            if (
-                attempt > 1
-            ):  # counted before the client has its answer's end (a client may read /metrics then)
+            if attempt > 1:  # counted before the client has its answer's end (it may read /metrics then)
                 client.before_end = lambda: self.counts.add(
                     "resumed" if client.ledger is not None else "retried"
                 )

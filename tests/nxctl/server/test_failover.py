@@ -19,6 +19,7 @@ from starlette.types import Message
 from nxctl.server.asgi_relay import HttpCall
 from nxctl.server.dlq import DeadLetterStore
 from nxctl.server.failover import ACCEPTED, FailoverCounts, FailoverRelay, ReplicaLost, attempt_of
+from nxctl.server.stream_resume import stream_format
 
 
 class HttpReplica:
@@ -58,12 +59,12 @@ class HttpReplica:
 async def _events(r: httpx.Response) -> AsyncIterator[bytes]:
     """A response's body one event at a time (an SSE event, an NDJSON line), as the seat sends them,
     whatever the reads coalesced; a body that does not stream, as read."""
-    kind = r.headers.get("content-type", "")
-    separator = b"\n\n" if kind.startswith("text/event-stream") else b"\n" if "ndjson" in kind else None
-    if separator is None:
+    fmt = stream_format(r.request.url.path, r.headers.get("content-type", ""))
+    if fmt is None:
         async for chunk in r.aiter_raw():
             yield chunk
         return
+    separator = fmt.separator
     pending = b""
     async for chunk in r.aiter_raw():
         pending += chunk
