@@ -25,6 +25,8 @@ def failover_args(tmp: Path, *faults: str) -> list[str]:
 def streamed_chat(url: str, request_id: str, seed: int | None = None) -> tuple[str, list, int]:
     """A streamed chat through the official client: its content, logprob entries and seed."""
     extra = {} if seed is None else {"seed": seed}
+    # every answer 48 tokens long: a sampled one that met EOS within a chunk or two would end before the
+    # replica's planned exit (a CI run met a stream that was never resumed)
     raw = openai_client(url).chat.completions.with_raw_response.create(
         model="tiny",
         messages=USER,
@@ -34,6 +36,7 @@ def streamed_chat(url: str, request_id: str, seed: int | None = None) -> tuple[s
         top_logprobs=2,
         stream=True,
         extra_headers={"X-Request-Id": request_id},
+        extra_body={"ignore_eos": True},
         **extra,
     )
     content, entries = "", []
