@@ -22,24 +22,28 @@ namespace nxk {
 
 // The table for backend ``isa``: "avx512_vnni", "avx512", "avx2" or "generic". Raises on any other name,
 // and on a table whose instructions this CPU lacks (cpu.h): a wrong name never runs an illegal instruction.
+// Each table is built on its first use, after that check: a table's builder is compiled with its
+// instruction set (the pragma of its file), so building one this CPU lacks is itself illegal (an AVX2
+// CPU asking for "avx2" must never build the AVX-512 tables).
 inline const KernelTable& table_for(const std::string& isa) {
-  static const KernelTable generic = generic_table();
-  static const KernelTable avx2 = avx2_table();
-  static const KernelTable avx512 = avx512_table();
-  static const KernelTable avx512_vnni = avx512_vnni_table();
-  static const bool has_avx2 = cpu_has_avx2(), has_avx512 = cpu_has_avx512(), has_vnni = cpu_has_avx512_vnni();
-  if (isa == "generic") return generic;
+  if (isa == "generic") {
+    static const KernelTable generic = generic_table();
+    return generic;
+  }
   if (isa == "avx2") {
-    TORCH_CHECK(has_avx2, "the avx2 kernels need AVX2, FMA and F16C, which this CPU lacks");
+    TORCH_CHECK(cpu_has_avx2(), "the avx2 kernels need AVX2, FMA and F16C, which this CPU lacks");
+    static const KernelTable avx2 = avx2_table();
     return avx2;
   }
   if (isa == "avx512") {
-    TORCH_CHECK(has_avx512, "the avx512 kernels need AVX512F, AVX2, FMA and F16C, which this CPU lacks");
+    TORCH_CHECK(cpu_has_avx512(), "the avx512 kernels need AVX512F, AVX2, FMA and F16C, which this CPU lacks");
+    static const KernelTable avx512 = avx512_table();
     return avx512;
   }
   TORCH_CHECK(isa == "avx512_vnni", "unknown instruction set ", isa);
-  TORCH_CHECK(has_vnni, "the avx512_vnni kernels need AVX512F, BW, VL and VNNI with AVX2, FMA and F16C, ",
-              "which this CPU lacks");
+  TORCH_CHECK(cpu_has_avx512_vnni(), "the avx512_vnni kernels need AVX512F, BW, VL and VNNI with AVX2, FMA and ",
+              "F16C, which this CPU lacks");
+  static const KernelTable avx512_vnni = avx512_vnni_table();
   return avx512_vnni;
 }
 
