@@ -34,6 +34,7 @@ import httpx
 from engine.loader.sources import FIXTURES
 from gates.framework import Gate, GateRun
 from gates.seat_process import dead_letters, seat_process
+from nxctl.stream_lines import iter_stream_lines
 
 CHECKS = (
     "cluster.routing_by_model",
@@ -138,7 +139,7 @@ def _streamed(
     entries: list[Any] = []
     with client.stream("POST", "/v1/chat/completions", json=body, headers={"X-Request-Id": request_id}) as r:
         named = int(r.headers.get(SEED, -1 if seed is None else seed))
-        for line in r.iter_lines():
+        for line in iter_stream_lines(r):
             if not line.startswith("data: "):
                 continue
             if line == "data: [DONE]":

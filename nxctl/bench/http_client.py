@@ -22,6 +22,7 @@ from engine.workload import WorkloadRequest
 from nxctl.bench.machine import WorkCount
 from nxctl.bench.schedules import Advance, ScheduleRun
 from nxctl.bench.serving_metrics import RequestRecord
+from nxctl.stream_lines import aiter_stream_lines
 
 TIMEOUT_S = 600.0
 
@@ -48,7 +49,7 @@ async def _one(
         if resp.status_code != 200:
             body = (await resp.aread()).decode(errors="replace")
             raise NxError(f"{url} answered HTTP {resp.status_code} to request {req.index}: {body[:200]}")
-        async for line in resp.aiter_lines():
+        async for line in aiter_stream_lines(resp):
             line = line.strip()
             if not line.startswith("data:"):
                 continue

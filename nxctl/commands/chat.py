@@ -13,6 +13,7 @@ import typer
 
 from nxctl.commands.common import fail
 from nxctl.commands.engine_options import EngineFlags, with_engine_options
+from nxctl.stream_lines import iter_stream_lines
 
 DEFAULT_URL = "http://127.0.0.1:11434"
 DEFAULT_MODEL = "smollm2"
@@ -36,7 +37,7 @@ def stream_reply(
         if response.status_code != 200:
             response.read()
             raise RuntimeError(_error_message(response.text, response.status_code))
-        for line in response.iter_lines():
+        for line in iter_stream_lines(response):
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[len("data: ") :])

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -30,6 +29,7 @@ from nxctl.server.model_info import iso_time
 from nxctl.server.request_context import RequestContext
 from nxctl.server.streaming import Delta
 from nxctl.server.tokens import token_text
+from nxctl.server.wire_json import compact_json
 
 log = logging.getLogger("nxctl.serve")
 NS = 1_000_000_000
@@ -69,7 +69,7 @@ def now_iso() -> str:
 
 def line(obj: dict[str, Any]) -> bytes:
     """One NDJSON line."""
-    return (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+    return (compact_json(obj) + "\n").encode()
 
 
 def logprobs(tok: ChatTokenizer, d: Delta) -> list[dict[str, Any]]:

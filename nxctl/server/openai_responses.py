@@ -20,7 +20,6 @@ a call (once it is whole), ``response.output_item.added``, ``response.function_c
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -44,6 +43,7 @@ from nxctl.server.openai_shared import SSE
 from nxctl.server.request_context import read_request
 from nxctl.server.schemas_responses import ResponsesRequest, in_responses_terms
 from nxctl.server.streaming import Delta
+from nxctl.server.wire_json import compact_json
 
 log = logging.getLogger("nxctl.serve")
 router = APIRouter()
@@ -194,9 +194,7 @@ class _EventWriter:
     def event(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self.sequence, **fields}
         self.sequence += 1
-        return (
-            f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
-        )
+        return f"event: {kind}\ndata: {compact_json(data)}\n\n".encode()
 
     def text_delta(self, piece: str) -> list[bytes]:
         events = []

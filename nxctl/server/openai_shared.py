@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +11,7 @@ from engine.loader import ChatTokenizer
 from nxctl import __version__
 from nxctl.server.api_errors import APIError, as_api_error
 from nxctl.server.schemas_openai import SamplingFields
+from nxctl.server.wire_json import compact_json
 
 log = logging.getLogger("nxctl.serve")
 FINGERPRINT = f"nxctl-{__version__}"
@@ -36,7 +36,7 @@ def with_usage(req: SamplingFields) -> bool:
 
 def sse(data: dict[str, Any] | str) -> bytes:
     """One server-sent event: ``data: <json>`` and a blank line."""
-    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    text = data if isinstance(data, str) else compact_json(data)
     return f"data: {text}\n\n".encode()
 
 

@@ -27,6 +27,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from nxctl.server.wire_json import compact_json
+
 TEXT, LIST, VOLATILE = "text", "list", "volatile"  # appended text; appended list; text never compared
 
 
@@ -96,11 +98,7 @@ class StreamFormat:
 
     def encode(self, payload: Any) -> bytes:
         """An event carrying ``payload``."""
-        text = (
-            payload
-            if isinstance(payload, str)
-            else json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-        )
+        text = payload if isinstance(payload, str) else compact_json(payload)
         return f"data: {text}\n\n".encode() if self.framing == "sse" else (text + "\n").encode()
 
     def error_events(self, message: str, status: int = 502) -> bytes:
