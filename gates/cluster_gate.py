@@ -34,7 +34,6 @@ import httpx
 from engine.loader.sources import FIXTURES
 from gates.framework import Gate, GateRun
 from gates.seat_process import dead_letters, seat_process
-from nxctl.stream_lines import iter_stream_lines
 
 CHECKS = (
     "cluster.routing_by_model",
@@ -139,7 +138,7 @@ def _streamed(
     entries: list[Any] = []
     with client.stream("POST", "/v1/chat/completions", json=body, headers={"X-Request-Id": request_id}) as r:
         named = int(r.headers.get(SEED, -1 if seed is None else seed))
-        for line in iter_stream_lines(r):
+        for line in r.iter_lines():  # the seat escapes what iter_lines would split at (wire_json)
             if not line.startswith("data: "):
                 continue
             if line == "data: [DONE]":
