@@ -135,17 +135,64 @@ inline __m256i quad_dot16(__m256i acc, __m256i even, __m256i odd, __m256i x_even
   return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(even, x_even), _mm256_madd_epi16(odd, x_odd)));
 }
 
-// R rows (from row m) x one panel of 16 columns over all of K, stored to y; Q: int8 or int16 inputs
-template <int F, int R, class Q>
-void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t m, float* y, int64_t N, int64_t cols) {
+// Where a tile's weights come from. A packed panel: each block's quants unpacked and its scales formed
+// as the tile reads it (a few rows). An unpacked one (unpack_panel, many rows): the quads' unsigned
+// bytes and the float32 scales as those give them, formed once per call for all the row tiles instead
+// of once per tile (qdot.h kUnpackedBlockBytes). Either way the tile meets the same bytes and scales: the
+// same bits.
+template <int F>
+struct PackedPanel {
+  const uint8_t* panel;
+  const uint8_t* tile = nullptr;  // the block's scale header (block_head8)
+  const uint8_t* quants = nullptr;
+  float buf[kHeadFloats];
+  void at_block(int64_t b) {
+    tile = block_head8<F>(panel, b, buf);
+    quants = block_quants<F>(panel, b);
+  }
+  __m256i quad(int64_t j, int h) const { return quad_of<F>(quants, j, h); }
+  __m256 scales(int field, int h) const { return scales_of<F>(tile, field, h); }
+};
+
+template <int F>
+struct UnpackedPanel {
+  const uint8_t* panel;  // 32-byte aligned
+  const uint8_t* at = nullptr;
+  void at_block(int64_t b) { at = panel + b * kUnpackedBlockBytes<F>; }
+  __m256i quad(int64_t j, int h) const {
+    return _mm256_load_si256(reinterpret_cast<const __m256i*>(at + j * kQuadRowBytes + h * 32));
+  }
+  __m256 scales(int field, int h) const {
+    return _mm256_load_ps(reinterpret_cast<const float*>(at + kQuads * kQuadRowBytes) + field * kPanel + 8 * h);
+  }
+};
+
+// A panel's nb blocks into out [nb, kUnpackedBlockBytes<F>] (32-byte aligned), as UnpackedPanel reads them
+template <int F>
+void unpack_panel(const uint8_t* panel, int64_t nb, uint8_t* out) {
+  PackedPanel<F> packed{panel};
+  for (int64_t b = 0; b < nb; ++b) {
+    packed.at_block(b);
+    uint8_t* at = out + b * kUnpackedBlockBytes<F>;
+    for (int64_t j = 0; j < kQuads; ++j)
+      for (int h = 0; h < 2; ++h)
+        _mm256_store_si256(reinterpret_cast<__m256i*>(at + j * kQuadRowBytes + h * 32), packed.quad(j, h));
+    float* fields = reinterpret_cast<float*>(at + kQuads * kQuadRowBytes);
+    for (int f = 0; f < kUnpackedFields<F>; ++f)
+      for (int h = 0; h < 2; ++h) _mm256_store_ps(fields + f * kPanel + 8 * h, packed.scales(f, h));
+  }
+}
+
+// R rows (from row m) x one panel of 16 columns over all of K, stored to y; Q: int8 or int16 inputs;
+// W: where the weights come from (PackedPanel, UnpackedPanel)
+template <int F, int R, class Q, class W>
+void dot_tile(const QActsOf<Q>& a, int64_t K, W weights, int64_t m, float* y, int64_t N, int64_t cols) {
   constexpr bool wide = sizeof(Q) == 2;
   const int64_t nb = K / kQBlock;
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    float buf[kHeadFloats];
-    const uint8_t* tile = block_head8<F>(panel, b, buf);
-    const uint8_t* quants = block_quants<F>(panel, b);
+    weights.at_block(b);
     const int32_t* xw[R];  // the row's inputs by 4 bytes: one quad (int8) or half a quad (int16)
     for (int r = 0; r < R; ++r) xw[r] = reinterpret_cast<const int32_t*>(a.q + (m + r) * K + b * kQBlock);
     constexpr int passes = has_half_scales(F) ? 2 : 1;  // Q8S, Q3S, Q2S: one scale per half block
@@ -154,7 +201,7 @@ void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t m, f
       __m256i pairs[R][2];  // int8 inputs x 4-bit weights: 16-bit sums of the block's pairs (see quad_dot_q8)
       for (int r = 0; r < R; ++r) is[r][0] = is[r][1] = pairs[r][0] = pairs[r][1] = _mm256_setzero_si256();
       for (int64_t j = pass * kQuads / passes; j < (pass + 1) * kQuads / passes; ++j) {
-        const __m256i w0 = quad_of<F>(quants, j, 0), w1 = quad_of<F>(quants, j, 1);
+        const __m256i w0 = weights.quad(j, 0), w1 = weights.quad(j, 1);
         if constexpr (wide) {
           const __m256i low = _mm256_set1_epi16(0x00FF);
           const __m256i e0 = _mm256_and_si256(w0, low), o0 = _mm256_srli_epi16(w0, 8);
@@ -198,10 +245,10 @@ void dot_tile(const QActsOf<Q>& a, int64_t K, const uint8_t* panel, int64_t m, f
             exact = _mm256_sub_epi32(exact, _mm256_set1_epi32(128 * xsum));
           if constexpr (quant_offset(F) != 0)  // the weights were q + 32 (Q8S), q + 4 (Q3S)
             exact = _mm256_sub_epi32(exact, _mm256_set1_epi32(quant_offset(F) * xsum));
-          const __m256 scale = _mm256_mul_ps(scales_of<F>(tile, pass, h), _mm256_set1_ps(dx));
+          const __m256 scale = _mm256_mul_ps(weights.scales(pass, h), _mm256_set1_ps(dx));
           acc[r][h] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(exact), acc[r][h]);
           if constexpr (has_min(F))
-            acc[r][h] = _mm256_fmadd_ps(scales_of<F>(tile, min_field(F, pass), h), _mm256_set1_ps(dx * static_cast<float>(xsum)),
+            acc[r][h] = _mm256_fmadd_ps(weights.scales(min_field(F, pass), h), _mm256_set1_ps(dx * static_cast<float>(xsum)),
                                         acc[r][h]);
         }
       }
@@ -311,30 +358,53 @@ void exact_panels(const QActs16& a, int64_t M, int64_t K, const uint8_t* packed,
   }
 }
 
+// Above this many rows (prefill chunks, batches with context rows) a call unpacks each panel once
+// (unpack_panel) for all its row tiles
+constexpr int64_t kUnpackRows = 16;
+
+// Rows [0, M) by row tiles against one panel from ``weights``: 4 rows a tile where the accumulators and a
+// quad's weights fit the 16 registers with 4 rows (int16 inputs; 4-bit weights with int8 ones), 3 for
+// 8-bit weights with int8 inputs (measured slower with 4)
+template <int F, class Q, class W>
+void row_tiles(const QActsOf<Q>& a, int64_t M, int64_t K, const W& weights, float* y, int64_t N, int64_t cols) {
+  constexpr int64_t kRows = sizeof(Q) == 2 || F == kQ4 || F == kQ4S || F == kQ4Z ? 4 : 3;
+  for (int64_t m = 0; m < M; m += kRows) {
+    switch (std::min<int64_t>(kRows, M - m)) {
+      case 4:
+        if constexpr (kRows == 4) dot_tile<F, 4, Q>(a, K, weights, m, y, N, cols);
+        break;
+      case 3: dot_tile<F, 3, Q>(a, K, weights, m, y, N, cols); break;
+      case 2: dot_tile<F, 2, Q>(a, K, weights, m, y, N, cols); break;
+      default: dot_tile<F, 1, Q>(a, K, weights, m, y, N, cols); break;
+    }
+  }
+}
+
 template <int F, class Q>
 void qdot_panels_avx2(const QActsOf<Q>& a, int64_t M, int64_t K, const uint8_t* packed, int64_t N, float* y,
                       int64_t panel_begin, int64_t panel_end) {
   if constexpr (sizeof(Q) == 2 && (F == kQ4 || F == kQ4S)) {
     if (M >= kFmaLeastRows) return exact_panels<F>(a, M, K, packed, N, y, panel_begin, panel_end);
   }
-  // rows per tile: 4 where the accumulators and a quad's weights fit the 16 registers with 4 rows (int16
-  // inputs; 4-bit weights with int8 ones), 3 for 8-bit weights with int8 inputs (measured slower with 4)
-  constexpr int64_t kRows = sizeof(Q) == 2 || F == kQ4 || F == kQ4S || F == kQ4Z ? 4 : 3;
   const int64_t panel_bytes = panel_bytes_of(F, K);
-  for (int64_t p = panel_begin; p < panel_end; ++p) {
-    const uint8_t* panel = packed + p * panel_bytes;
-    const int64_t cols = std::min(kPanel, N - p * kPanel);
-    for (int64_t m = 0; m < M; m += kRows) {
-      switch (std::min<int64_t>(kRows, M - m)) {
-        case 4:
-          if constexpr (kRows == 4) dot_tile<F, 4>(a, K, panel, m, y + p * kPanel, N, cols);
-          break;
-        case 3: dot_tile<F, 3>(a, K, panel, m, y + p * kPanel, N, cols); break;
-        case 2: dot_tile<F, 2>(a, K, panel, m, y + p * kPanel, N, cols); break;
-        default: dot_tile<F, 1>(a, K, panel, m, y + p * kPanel, N, cols); break;
+  if constexpr (F != kQ8) {  // (Q8's quants are its bytes already)
+    if (M > kUnpackRows) {
+      const int64_t nb = K / kQBlock;
+      thread_local std::vector<uint8_t> scratch;  // one panel unpacked, 32 bytes more for the alignment
+      const size_t need = static_cast<size_t>(nb * kUnpackedBlockBytes<F> + 32);
+      if (scratch.size() < need) scratch.resize(need);
+      const uintptr_t start = reinterpret_cast<uintptr_t>(scratch.data());
+      uint8_t* unpacked = scratch.data() + ((32 - start % 32) % 32);
+      for (int64_t p = panel_begin; p < panel_end; ++p) {
+        unpack_panel<F>(packed + p * panel_bytes, nb, unpacked);
+        row_tiles<F, Q>(a, M, K, UnpackedPanel<F>{unpacked}, y + p * kPanel, N, std::min(kPanel, N - p * kPanel));
       }
+      return;
     }
   }
+  for (int64_t p = panel_begin; p < panel_end; ++p)
+    row_tiles<F, Q>(a, M, K, PackedPanel<F>{packed + p * panel_bytes}, y + p * kPanel, N,
+                    std::min(kPanel, N - p * kPanel));
 }
 
 struct Avx2Dots {

@@ -92,23 +92,19 @@ constexpr int32_t kWeightBias = is_biased_byte(F) ? 128 : quant_offset(F);
 // unsigned weight bytes (quad_of's, 64 bytes a quad) and float32 scales (scales_of's, 16 a field), and
 // every row tile reads that instead of unpacking the panel's quants and forming its scales again for
 // every 4 rows. The tile reads the same bytes and scales either way (PackedBlocks, UnpackedBlocks), so
-// its integer sums and float operations, in one order, are the same bits.
-template <int F>
-constexpr int kScratchFields = F == kQ2S ? 4 : (has_half_scales(F) || has_min(F)) ? 2 : 1;
-template <int F>
-constexpr int64_t kScratchBlockBytes = kQuads * kQuadRowBytes + kScratchFields<F> * kPanel * 4;
+// its integer sums and float operations, in one order, are the same bits (layout: qdot.h kUnpackedBlockBytes).
 
-// A panel's nb blocks into out [nb, kScratchBlockBytes<F>] (64-byte aligned)
+// A panel's nb blocks into out [nb, kUnpackedBlockBytes<F>] (64-byte aligned)
 template <int F>
 void unpack_panel(const uint8_t* panel, int64_t nb, uint8_t* out) {
   for (int64_t b = 0; b < nb; ++b) {
     alignas(64) float buf[kHeadFloats];
     const uint8_t* tile = block_head16<F>(panel, b, buf);
     const uint8_t* quants = block_quants<F>(panel, b);
-    uint8_t* at = out + b * kScratchBlockBytes<F>;
+    uint8_t* at = out + b * kUnpackedBlockBytes<F>;
     for (int64_t j = 0; j < kQuads; ++j) _mm512_store_si512(at + j * kQuadRowBytes, quad_of<F>(quants, j));
     float* fields = reinterpret_cast<float*>(at + kQuads * kQuadRowBytes);
-    for (int f = 0; f < kScratchFields<F>; ++f) _mm512_store_ps(fields + f * kPanel, scales_of<F>(tile, f));
+    for (int f = 0; f < kUnpackedFields<F>; ++f) _mm512_store_ps(fields + f * kPanel, scales_of<F>(tile, f));
   }
 }
 
@@ -140,7 +136,7 @@ struct UnpackedBlocks {
   int64_t stride;
   const uint8_t* at[P];
   void at_block(int64_t b) {
-    for (int p = 0; p < P; ++p) at[p] = panel + p * stride + b * kScratchBlockBytes<F>;
+    for (int p = 0; p < P; ++p) at[p] = panel + p * stride + b * kUnpackedBlockBytes<F>;
   }
   __m512i quad(int p, int64_t j) const { return _mm512_load_si512(at[p] + j * kQuadRowBytes); }
   __m512 scales(int p, int field) const {
@@ -247,7 +243,7 @@ void row_tiles(int64_t P, const QActsOf<Q>& a, int64_t K, const uint8_t* panel, 
 template <int F, class Q>
 void qdot_panels_unpacked(const QActsOf<Q>& a, int64_t M, int64_t K, const uint8_t* packed, int64_t N, float* y,
                           int64_t panel_begin, int64_t panel_end) {
-  const int64_t panel_bytes = panel_bytes_of(F, K), nb = K / kQBlock, stride = nb * kScratchBlockBytes<F>;
+  const int64_t panel_bytes = panel_bytes_of(F, K), nb = K / kQBlock, stride = nb * kUnpackedBlockBytes<F>;
   thread_local std::vector<uint8_t> scratch;  // 64 bytes more than two panels' need, for the alignment
   const size_t need = static_cast<size_t>(2 * stride + 64);
   if (scratch.size() < need) scratch.resize(need);

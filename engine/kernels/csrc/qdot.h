@@ -61,6 +61,15 @@ constexpr bool is_dot_format(int64_t format) { return format >= kDotFormats && f
 constexpr bool is_wide_format(int64_t format) { return format >= 2 * kDotFormats && format < kFormats; }
 constexpr int base_format(int64_t format) { return static_cast<int>(format % kDotFormats); }
 
+// A dot-layout panel unpacked for many rows (the SIMD dot kernels' prefill path): per block, its kQuads
+// quads as unsigned weight bytes (the dot layout's order, 64 bytes a quad) and then its float32 scale
+// fields, kPanel floats each: the scales (and the second half block's, or the mins) as the block's tile
+// gives them, so a kernel reading them forms the same bits as one decoding the packed block.
+template <int F>
+constexpr int kUnpackedFields = F == kQ2S ? 4 : (has_half_scales(F) || has_min(F)) ? 2 : 1;
+template <int F>
+constexpr int64_t kUnpackedBlockBytes = kQuads * kQuadRowBytes + kUnpackedFields<F> * kPanel * 4;
+
 // The quant of column c at k (0..31) of a tile's quants in the dot layout of base format F.
 template <int F>
 inline int32_t dot_quant(const uint8_t* quants, int64_t k, int64_t c) {
