@@ -25,6 +25,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
+# Link order, least demanding instruction set first: code an ISA object instantiates from shared headers
+# or the standard library is a weak definition in every object using it, and the linker keeps the first
+# (an AVX-512 one kept would be called by the generic and AVX2 kernels: SIGILL without AVX-512).
+# tests/engine/kernels/test_link_order.py checks the built objects.
 SOURCES = (
     "bindings.cpp",
     "decoder.cpp",
