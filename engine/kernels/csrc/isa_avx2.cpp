@@ -156,7 +156,7 @@ struct PackedPanel {
 
 template <int F>
 struct UnpackedPanel {
-  const uint8_t* panel;  // 32-byte aligned
+  const uint8_t* panel;  // 64-byte aligned (unpack_scratch)
   const uint8_t* at = nullptr;
   void at_block(int64_t b) { at = panel + b * kUnpackedBlockBytes<F>; }
   __m256i quad(int64_t j, int h) const {
@@ -167,7 +167,7 @@ struct UnpackedPanel {
   }
 };
 
-// A panel's nb blocks into out [nb, kUnpackedBlockBytes<F>] (32-byte aligned), as UnpackedPanel reads them
+// A panel's nb blocks into out [nb, kUnpackedBlockBytes<F>] (32-byte aligned at least), as UnpackedPanel reads them
 template <int F>
 void unpack_panel(const uint8_t* panel, int64_t nb, uint8_t* out) {
   PackedPanel<F> packed{panel};
@@ -390,11 +390,7 @@ void qdot_panels_avx2(const QActsOf<Q>& a, int64_t M, int64_t K, const uint8_t* 
   if constexpr (F != kQ8) {  // (Q8's quants are its bytes already)
     if (M > kUnpackRows) {
       const int64_t nb = K / kQBlock;
-      thread_local std::vector<uint8_t> scratch;  // one panel unpacked, 32 bytes more for the alignment
-      const size_t need = static_cast<size_t>(nb * kUnpackedBlockBytes<F> + 32);
-      if (scratch.size() < need) scratch.resize(need);
-      const uintptr_t start = reinterpret_cast<uintptr_t>(scratch.data());
-      uint8_t* unpacked = scratch.data() + ((32 - start % 32) % 32);
+      uint8_t* unpacked = unpack_scratch(static_cast<size_t>(nb * kUnpackedBlockBytes<F>));  // one panel
       for (int64_t p = panel_begin; p < panel_end; ++p) {
         unpack_panel<F>(packed + p * panel_bytes, nb, unpacked);
         row_tiles<F, Q>(a, M, K, UnpackedPanel<F>{unpacked}, y + p * kPanel, N, std::min(kPanel, N - p * kPanel));

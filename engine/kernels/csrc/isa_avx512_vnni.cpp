@@ -244,11 +244,7 @@ template <int F, class Q>
 void qdot_panels_unpacked(const QActsOf<Q>& a, int64_t M, int64_t K, const uint8_t* packed, int64_t N, float* y,
                           int64_t panel_begin, int64_t panel_end) {
   const int64_t panel_bytes = panel_bytes_of(F, K), nb = K / kQBlock, stride = nb * kUnpackedBlockBytes<F>;
-  thread_local std::vector<uint8_t> scratch;  // 64 bytes more than two panels' need, for the alignment
-  const size_t need = static_cast<size_t>(2 * stride + 64);
-  if (scratch.size() < need) scratch.resize(need);
-  const uintptr_t start = reinterpret_cast<uintptr_t>(scratch.data());
-  uint8_t* unpacked = scratch.data() + ((64 - start % 64) % 64);
+  uint8_t* unpacked = unpack_scratch(static_cast<size_t>(2 * stride));  // two panels
   for (int64_t p = panel_begin; p < panel_end;) {
     const int64_t P = std::min<int64_t>(2, panel_end - p);
     for (int64_t i = 0; i < P; ++i) unpack_panel<F>(packed + (p + i) * panel_bytes, nb, unpacked + i * stride);

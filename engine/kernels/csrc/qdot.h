@@ -70,6 +70,16 @@ constexpr int kUnpackedFields = F == kQ2S ? 4 : (has_half_scales(F) || has_min(F
 template <int F>
 constexpr int64_t kUnpackedBlockBytes = kQuads * kQuadRowBytes + kUnpackedFields<F> * kPanel * 4;
 
+// This thread's scratch for unpacked panels: ``bytes`` bytes, 64-byte aligned, kept for the next call.
+// (Inline, so one definition is kept for every object using it: build.SOURCES' link order keeps the
+// least demanding one; test_link_order.py checks it.)
+inline uint8_t* unpack_scratch(size_t bytes) {
+  thread_local std::vector<uint8_t> scratch;
+  if (scratch.size() < bytes + 64) scratch.resize(bytes + 64);
+  const uintptr_t start = reinterpret_cast<uintptr_t>(scratch.data());
+  return scratch.data() + ((64 - start % 64) % 64);
+}
+
 // The quant of column c at k (0..31) of a tile's quants in the dot layout of base format F.
 template <int F>
 inline int32_t dot_quant(const uint8_t* quants, int64_t k, int64_t c) {

@@ -55,7 +55,9 @@ def misplaced(order: list[tuple[str, frozenset[str], set[str]]]) -> list[str]:
     return wrong
 
 
-def _built_objects() -> list[tuple[str, frozenset[str], set[str]]]:
+@pytest.fixture(scope="module")
+def objects() -> list[tuple[str, frozenset[str], set[str]]]:
+    """The built objects in link order: name, instruction-set features, weak symbols (nm, once)."""
     directory = build.build_directory()
     objects = [directory / (Path(s).stem + ".o") for s in build.SOURCES]
     if shutil.which("nm") is None or not all(o.exists() for o in objects):
@@ -66,14 +68,12 @@ def _built_objects() -> list[tuple[str, frozenset[str], set[str]]]:
     ]
 
 
-def test_every_shared_definition_the_linker_keeps_runs_wherever_it_is_called():
-    objects = _built_objects()
+def test_every_shared_definition_the_linker_keeps_runs_wherever_it_is_called(objects):
     assert any(symbols for _, features, symbols in objects if features), "no weak symbol in an ISA object"
     assert misplaced(objects) == []
 
 
-def test_the_check_fails_when_an_avx512_object_links_first():
+def test_the_check_fails_when_an_avx512_object_links_first(objects):
     """Negative control: the same objects, the AVX-512 ones moved to the front of the link."""
-    objects = _built_objects()
     reordered = sorted(objects, key=lambda o: -len(o[1]))
     assert misplaced(reordered)

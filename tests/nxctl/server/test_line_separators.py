@@ -13,8 +13,7 @@ import pytest
 
 from nxctl.server.wire_json import LINE_BREAKING, compact_json
 
-TEXT = "a\u2028b\x85c\u2029d"
-REGEX = "a\u2028b\x85c\u2029d"
+TEXT = "a\u2028b\x85c\u2029d"  # no regex metacharacter: as a regex, it matches itself alone
 
 
 @pytest.mark.parametrize("char", sorted(LINE_BREAKING))
@@ -31,7 +30,7 @@ def test_openai_stream_events_stay_one_line_each_to_iter_lines(seat) -> None:
         "messages": [{"role": "user", "content": "separators"}],
         "max_tokens": 40,
         "stream": True,
-        "structured_outputs": {"regex": REGEX},
+        "structured_outputs": {"regex": TEXT},
     }
     with httpx.stream("POST", seat.url + "/v1/chat/completions", json=body, timeout=60) as r:
         lines = [ln for ln in r.iter_lines() if ln]
