@@ -286,8 +286,10 @@ def check_long_prompts(opts: BenchOptions, config: ModelConfig) -> None:
 
 def _peer_bench_figures(name: str, info: dict[str, Any]) -> dict[str, float]:
     """A peer's own benchmark of one request (llama.cpp's llama-bench: ``info.llama_bench``), as
-    ``<name>_prefill_tps`` (its pp512) and ``<name>_bench_decode_tps`` (its tg128)."""
-    figures = info.get("llama_bench") or {}
+    ``<name>_prefill_tps`` (its pp512) and ``<name>_bench_decode_tps`` (its tg128); --long's prompts
+    from it or, where a driver times them itself (vLLM's: ``info.prefill_alone``), from that, as
+    ``<name>_prefill_<tokens>_tps`` and ``_ms``."""
+    figures = (info.get("llama_bench") or {}) | (info.get("prefill_alone") or {})
     out = {}
     if f"pp{PREFILL_TOKENS}" in figures:
         out[f"{name}_prefill_tps"] = float(figures[f"pp{PREFILL_TOKENS}"])

@@ -210,14 +210,20 @@ def _single_decode(single: dict[str, Any], who: str) -> str:
 
 
 def _long_prefill(single: dict[str, Any], length: int) -> str:
-    """--long's line for one prompt length: ours (tok/s, TTFT = tokens / tok/s) beside each peer's own
-    benchmark."""
-    tps = single[f"invariant_prefill_{length}_tps"]
-    ttft = f"{length / _median(tps):.1f} s" if tps else "n/a"
-    parts = [f"prefill of one {length}-token prompt alone (--long): ours {_cell(tps, 1)} tok/s (TTFT {ttft})"]
+    """--long's line for one prompt length: ours (tok/s, TTFT = tokens / tok/s) beside each peer's
+    (llama.cpp's from its llama-bench, vLLM's timed by its driver: one request alone)."""
+
+    def rate(tps: Any) -> str:
+        ttft = f"{length / _median(tps):.1f} s" if tps else "n/a"
+        return f"{_cell(tps, 1)} tok/s (TTFT {ttft})"
+
+    parts = [
+        f"prefill of one {length}-token prompt alone (--long): ours {rate(single[f'invariant_prefill_{length}_tps'])}"
+    ]
     for who in SUBPROCESS_SCHEDULES:
         if f"{who}_prefill_{length}_tps" in single:
-            parts.append(f"{who}'s own benchmark {_cell(single[f'{who}_prefill_{length}_tps'], 1)} tok/s")
+            source = "llama-bench" if who == "llamacpp" else who
+            parts.append(f"{source} {rate(single[f'{who}_prefill_{length}_tps'])}")
     return ", ".join(parts)
 
 

@@ -305,15 +305,16 @@ def test_long_prompts_are_timed_alone_in_the_single_schedule() -> None:
         check_long_prompts(small, load_config("tiny"))
 
 
-def test_the_long_prefill_line_sets_ours_beside_llama_benchs() -> None:
+def test_the_long_prefill_line_sets_ours_beside_each_peers() -> None:
     from nxctl.bench.report import _long_prefill  # noqa: PLC0415 - the line's own helper
 
     single = {
         "invariant_prefill_4096_tps": 204.8,
         "invariant_prefill_4096_ms": 20000.0,
-        "llamacpp_prefill_4096_tps": 98.5,
+        "llamacpp_prefill_4096_tps": 102.4,
+        "vllm_bf16_prefill_4096_tps": 51.2,
     }
     assert _long_prefill(single, 4096) == (
         "prefill of one 4096-token prompt alone (--long): ours 204.8 tok/s (TTFT 20.0 s), "
-        "llamacpp's own benchmark 98.5 tok/s"
+        "vllm_bf16 51.2 tok/s (TTFT 80.0 s), llama-bench 102.4 tok/s (TTFT 40.0 s)"
     )

@@ -7,6 +7,9 @@ One ``LLMEngine`` (the engine under ``vllm.LLM``) over the HF folder; requests a
 times and the engine is stepped while any runs; each step's new tokens are timed when the step returns.
 Greedy, exactly ``max_tokens`` tokens (``min_tokens`` = ``max_tokens``, EOS ignored), no detokenization
 (the bench compares token ids). The prefix cache stays on (vLLM's default) and is reset between runs.
+With the job's ``long_prompts`` (``--long``) each length's prefill is also timed alone: one request of that
+many token ids (drawn from the vocabulary, seeded by the length), one output token, the prefix cache reset
+first; ``info.prefill_alone`` holds ``{"pp<length>": prompt tokens / TTFT}`` (llama-bench's names).
 The thread settings (OMP_NUM_THREADS, VLLM_CPU_OMP_THREADS_BIND, ...) come in the environment; the
 engine core is a spawned process, hence the ``__main__`` guard.
 """
@@ -14,6 +17,7 @@ engine core is a spawned process, hence the ``__main__`` guard.
 from __future__ import annotations
 
 import json
+import random
 import sys
 import time
 from pathlib import Path
@@ -28,7 +32,7 @@ def make_engine(job: dict[str, Any]) -> Any:
         model=job["model"],
         dtype=job["settings"]["dtype"],
         max_num_seqs=job["max_num_seqs"],
-        max_model_len=max(job["max_model_len"], 64),
+        max_model_len=max(job["max_model_len"], 64, *(n + 1 for n in job.get("long_prompts", []))),
         seed=0,
         disable_log_stats=True,
     )
@@ -85,6 +89,23 @@ def run_once(engine: Any, requests: list[dict[str, Any]], tag: str) -> dict[str,
     }
 
 
+def prefill_alone(engine: Any, lengths: list[int], vocab_size: int) -> dict[str, float]:
+    """Each length's prompt prefilled alone: {"pp<length>": length / TTFT} (TTFT from its arrival to the
+    step that returns its first token)."""
+    figures = {}
+    for length in lengths:
+        rng = random.Random(length)
+        request = {
+            "prompt_token_ids": [rng.randrange(vocab_size) for _ in range(length)],
+            "max_tokens": 1,
+            "arrival_s": 0.0,
+        }
+        engine.reset_prefix_cache()
+        done = run_once(engine, [request], f"long-{length}")
+        figures[f"pp{length}"] = length / done["requests"][0]["token_times"][0]
+    return figures
+
+
 def main(argv: list[str]) -> None:
     job = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
     import vllm
@@ -102,6 +123,9 @@ def main(argv: list[str]) -> None:
             engine.reset_prefix_cache()
             runs[name].append(run_once(engine, requests, f"{name}-{rep}"))
     info = {"engine": "vllm", "version": vllm.__version__, "dtype": job["settings"]["dtype"]}
+    if job.get("long_prompts"):
+        config = json.loads((Path(job["model"]) / "config.json").read_text(encoding="utf-8"))
+        info["prefill_alone"] = prefill_alone(engine, job["long_prompts"], config["vocab_size"])
     answer = {"protocol": 1, "load_s": load_s, "info": info, "runs": runs}
     Path(argv[2]).write_text(json.dumps(answer), encoding="utf-8")
 
