@@ -52,7 +52,7 @@ class LLM:
             batch = [cast("list[int]", prompts)]  # the declared lists are homogeneous: one prompt of ids
         else:
             batch = cast("list[str] | list[list[int]]", prompts)  # likewise: no item is an int
-        ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in batch]
+        ids = [self.tokenizer.encode_prompt(p) if isinstance(p, str) else list(p) for p in batch]
         if params is None or isinstance(params, SamplingParams):
             per_prompt = [params or SamplingParams()] * len(ids)
         else:

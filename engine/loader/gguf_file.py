@@ -288,7 +288,9 @@ def gguf_tokenizer(reader: GGUFHeader, config: ModelConfig) -> ChatTokenizer:
     if model_kind == "llama":
         specials = spm_specials(reader)
         stops = tuple(dict.fromkeys((*config.eos_token_ids, *specials.stop_ids)))
-        return ChatTokenizer(spm_tokenizer(reader), template, specials.bos, specials.eos, stops)
+        return ChatTokenizer(
+            spm_tokenizer(reader), template, specials.bos, specials.eos, stops, _adds_bos(reader, True)
+        )
     if model_kind != "gpt2":
         raise UnsupportedModelError(
             f"unsupported GGUF tokenizer {model_kind!r}; supported: gpt2 (byte-level BPE), llama (SentencePiece)"
@@ -330,4 +332,12 @@ def gguf_tokenizer(reader: GGUFHeader, config: ModelConfig) -> ChatTokenizer:
         tid = tok.token_to_id(name) if name else None
         if tid is not None and tid not in stop:
             stop.append(tid)
-    return ChatTokenizer(tok, template, token_at("tokenizer.ggml.bos_token_id"), eos, tuple(stop))
+    bos = token_at("tokenizer.ggml.bos_token_id")
+    return ChatTokenizer(tok, template, bos, eos, tuple(stop), _adds_bos(reader, False))
+
+
+def _adds_bos(reader: GGUFHeader, default: bool) -> bool:
+    """The file's ``tokenizer.ggml.add_bos_token``; without it llama.cpp's default for the vocabulary
+    (SentencePiece adds BOS, byte-level BPE does not)."""
+    value = _field(reader, "tokenizer.ggml.add_bos_token")
+    return default if value is None else bool(value)

@@ -132,9 +132,16 @@ def folder_tokenizer(folder: Path, config: ModelConfig) -> ChatTokenizer:
         tid = tok.token_to_id(name) if name else None
         if tid is not None and tid not in stop:
             stop.append(tid)
-    return ChatTokenizer(
-        tok, _chat_template(folder, tcfg), token_text(tcfg.get("bos_token")), eos, tuple(stop)
-    )
+    bos = token_text(tcfg.get("bos_token"))
+    return ChatTokenizer(tok, _chat_template(folder, tcfg), bos, eos, tuple(stop), adds_bos(tok, bos))
+
+
+def adds_bos(tok: Tokenizer, bos: str | None) -> bool:
+    """Whether transformers (5.x) begins an encoded text with BOS: what tokenizer.json's post-processor
+    adds (Llama 3's adds ``<|begin_of_text|>``, Gemma's ``<bos>``, SmolLM2's nothing); 5.x reads it
+    there, not from tokenizer_config.json's ``add_bos_token``."""
+    bos_id = tok.token_to_id(bos) if bos else None
+    return bos_id is not None and tok.encode("", add_special_tokens=True).ids[:1] == [bos_id]
 
 
 def _chat_template(folder: Path, tcfg: dict) -> str | None:

@@ -47,6 +47,7 @@ class ChatTokenizer:
     bos_token: str | None = None
     eos_token: str | None = None
     stop_token_ids: tuple[int, ...] = ()
+    add_bos: bool = False  # a text prompt starts with BOS (the model's own rule; chat templates write theirs)
     _compiled: object = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -59,6 +60,14 @@ class ChatTokenizer:
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; special tokens written in the text are recognised, no BOS is added."""
         return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """A text prompt's token ids as the model expects them (a completion's, an embedding's input):
+        BOS first where the model's tokenizer adds it (``add_bos``) and the text does not already
+        begin with it, as transformers, vLLM and llama.cpp encode a prompt."""
+        ids = self.encode(text)
+        bos = self.token_to_id(self.bos_token) if self.add_bos and self.bos_token else None
+        return ids if bos is None or ids[:1] == [bos] else [bos, *ids]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.loader import ModelSource, gguf_file, load_config, resolve_model
+from engine.loader.tokenizer import ChatTokenizer
 from engine.model_config import ModelConfig
 from engine.mux.registry import ModelSpec
 
@@ -98,14 +99,24 @@ def _config_and_level(source: ModelSource, dtype: str) -> tuple[ModelConfig, str
 
 
 @lru_cache(maxsize=16)
-def chat_template(spec: ModelSpec) -> str:
-    """The model's chat template, reading only its tokenizer (no weights)."""
+def chat_tokenizer(spec: ModelSpec) -> ChatTokenizer:
+    """The model's tokenizer and chat template, reading no weights."""
     from engine.loader import hf_folder
 
     source = resolve_model(spec.source or spec.name)
     config = load_config(source)
     if source.kind == "gguf":
-        tok = gguf_file.gguf_tokenizer(gguf_file.open_reader(source.path), config)
-    else:
-        tok = hf_folder.folder_tokenizer(source.path, config)
-    return tok.chat_template or ""
+        return gguf_file.gguf_tokenizer(gguf_file.open_reader(source.path), config)
+    return hf_folder.folder_tokenizer(source.path, config)
+
+
+def capabilities(tok: ChatTokenizer) -> list[str]:
+    """Ollama's capabilities of a model: completion and embedding (every model here serves both),
+    tools where its chat template takes them, thinking where it writes its thinking apart."""
+    template = tok.chat_template or ""
+    return [
+        "completion",
+        *(["tools"] if "tools" in template else []),
+        *(["thinking"] if tok.reasons else []),
+        "embedding",
+    ]

@@ -98,6 +98,8 @@ def template_message(message: ChatMessage) -> dict[str, Any]:
         out["tool_call_id"] = message.tool_call_id
     if message.name is not None:
         out["name"] = message.name
+    if message.reasoning_content is not None:
+        out["reasoning_content"] = message.reasoning_content
     return out
 
 

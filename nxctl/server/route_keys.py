@@ -103,7 +103,7 @@ class RouteKeys:
             return list(prompt)
         tokenizer = self._tokenizer(name, source)
         if isinstance(prompt, str):
-            return tokenizer.encode(prompt)
+            return tokenizer.encode_prompt(prompt)
         if isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
             messages = [_plain_message(m) for m in prompt]
             return tokenizer.encode_chat(messages, add_generation_prompt=True)

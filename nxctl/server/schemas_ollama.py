@@ -7,9 +7,9 @@ typical_p 1, tfs_z 1); load-time knobs (num_gpu, num_thread, ...) are refused, n
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine.errors import InvalidRequestError
 from nxctl.server.api_errors import APIError, bad_request
@@ -47,8 +47,8 @@ class Options(BaseModel):
         bad = [
             k
             for k, v in (self.model_extra or {}).items()
-            if k not in _NEUTRAL_OPTIONS or v != _NEUTRAL_OPTIONS[k]
-        ]
+            if v is not None and (k not in _NEUTRAL_OPTIONS or v != _NEUTRAL_OPTIONS[k])
+        ]  # an option sent as null is not sent, as Ollama reads it
         if bad:
             raise APIError(400, f"unsupported option(s): {', '.join(bad)}", param="options")
         if self.num_predict == 0:
@@ -85,13 +85,35 @@ class Message(Strict):
     content: str = ""
     tool_calls: list[dict[str, Any]] | None = None  # [{"function": {"name", "arguments": {...}}}]
     tool_name: str | None = None  # a tool message: which tool answered
+    tool_call_id: str | None = None  # a tool message: which call it answers (given to the template)
     thinking: str | None = None  # an earlier answer's thinking: not sent to the model again
+
+    @field_validator("role", mode="before")
+    @classmethod
+    def _lower_role(cls, role: object) -> object:
+        """Roles in any case ("User"), as Ollama reads them."""
+        return role.lower() if isinstance(role, str) else role
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _null_content(cls, content: object) -> object:
+        """A null content is an empty one (a call-only assistant turn), as Ollama reads it."""
+        return "" if content is None else content
+
+
+# ``think``: on or off, or a level (gpt-oss's; any level here means on: no model here thinks by levels)
+Think = bool | Literal["low", "medium", "high", "max"]
+
+
+def thinks(think: Think | None) -> bool | None:
+    """``think`` as on / off / the model's default (None)."""
+    return think if think is None or isinstance(think, bool) else True
 
 
 class ChatRequest(_Request):
     messages: list[Message] | None = None
     tools: list[dict[str, Any]] | None = None
-    think: bool | None = None  # a reasoning model: think first (its default), or not
+    think: Think | None = None  # a reasoning model: think first (its default), or not
     format: str | dict[str, Any] | None = None  # "json" or a JSON schema
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
@@ -109,9 +131,15 @@ class GenerateRequest(_Request):
     raw: bool | None = None
     context: list[int] | None = None
     format: str | dict[str, Any] | None = None  # "json" or a JSON schema
-    think: bool | None = None
+    think: Think | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    def check(self) -> None:
+        """As every Ollama request's, and a 400 for raw with a system prompt or a context (Ollama's)."""
+        super().check()
+        if self.raw and (self.system or self.context):
+            raise bad_request("raw mode does not support template, system, or context", param="raw")
 
 
 class EmbedRequest(_Request):
@@ -119,16 +147,25 @@ class EmbedRequest(_Request):
     truncate: bool | None = None
 
     def inputs(self) -> list[str]:
-        """The input text(s); 400 when there are none or one is empty."""
-        inputs = [self.input] if isinstance(self.input, str) else list(self.input)
-        if not inputs or any(not text for text in inputs):
-            raise bad_request("input must not be empty", param="input")
+        """The input text(s): none for "" or [] (the model is loaded, no vector made, as Ollama does);
+        400 for an empty text in a list."""
+        inputs = ([self.input] if self.input else []) if isinstance(self.input, str) else list(self.input)
+        if any(not text for text in inputs):
+            raise bad_request("input must not hold an empty text", param="input")
         return inputs
 
     def check(self) -> None:
-        """As every Ollama request's, and a 400 for an empty input."""
+        """As every Ollama request's, and a 400 for an empty text in a list."""
         super().check()
         self.inputs()
+
+
+class LegacyEmbeddingsRequest(_Request):
+    """/api/embeddings (Ollama's older route, the ollama client's ``embeddings()``): one prompt, one
+    vector; an empty prompt loads the model and answers an empty vector."""
+
+    prompt: str = ""
+    truncate: bool | None = None
 
 
 class ShowRequest(Strict):

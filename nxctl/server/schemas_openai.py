@@ -63,8 +63,10 @@ class FunctionCall(Strict):
 
 
 class ToolCallParam(Strict):
-    """A call an assistant made, as the conversation sends it back."""
+    """A call an assistant made, as the conversation sends it back (``index``: a streamed call's
+    position, kept by clients that rebuild the message from chunks; not used)."""
 
+    index: int | None = None
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
@@ -83,16 +85,25 @@ class ToolParam(Strict):
 
 
 class ChatMessage(Strict):
+    """One message. A reply sent back as the client holds it (``message`` appended, or its
+    ``model_dump()``) is accepted whole: ``refusal`` (an assistant's text when it has no content),
+    ``annotations`` (not used) and ``reasoning_content`` (a reasoning model's thinking, which this seat
+    writes: handed to the chat template, which may drop it)."""
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
     tool_calls: list[ToolCallParam] | None = None
     tool_call_id: str | None = None
+    refusal: str | None = None
+    annotations: list[dict[str, Any]] | None = None
+    reasoning_content: str | None = None
 
     def text(self) -> str:
-        """The content as one text (text parts joined); a 400 for a media part or a malformed one."""
+        """The content as one text (text and refusal parts joined; the refusal where there is no
+        content); a 400 for a media part or a malformed one."""
         if not isinstance(self.content, list):
-            return self.content or ""
+            return self.content if self.content is not None else self.refusal or ""
         texts = []
         for part in self.content:
             kind = part.get("type")
@@ -100,9 +111,14 @@ class ChatMessage(Strict):
                 raise bad_request(
                     f"a content part of type {kind!r}: this model takes text only", param="messages"
                 )
-            if kind != "text" or not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
-                raise bad_request("a content part must be {'type': 'text', 'text': '...'}", param="messages")
-            texts.append(part["text"])
+            field = "refusal" if kind == "refusal" and self.role == "assistant" else "text"
+            if kind != field or not isinstance(part.get(field), str) or set(part) - {"type", field}:
+                raise bad_request(
+                    "a content part must be {'type': 'text', 'text': '...'} (or an assistant's "
+                    "{'type': 'refusal', 'refusal': '...'})",
+                    param="messages",
+                )
+            texts.append(part[field])
         return "".join(texts)
 
 
@@ -159,9 +175,10 @@ class ChatCompletionRequest(SamplingFields):
         super().check()
         for message in self.messages:
             message.reject_extras()
-            if message.content is None and not (message.role == "assistant" and message.tool_calls):
+            stands_in = message.role == "assistant" and (message.tool_calls or message.refusal is not None)
+            if message.content is None and not stands_in:
                 raise bad_request(
-                    "each message needs a content (an assistant's may have tool_calls instead)",
+                    "each message needs a content (an assistant's may have tool_calls or a refusal instead)",
                     param="messages",
                 )
             message.text()
@@ -215,5 +232,7 @@ class EmbeddingRequest(Strict):
         return text_or_token_items(self.input, "input")
 
     def check(self) -> None:
-        """A 400 for an empty input."""
+        """A 400 for an unknown or unsupported field (``dimensions``: no model here is trained to be
+        cut short) and for an empty input."""
+        self.reject_extras()
         self.inputs()

@@ -29,7 +29,9 @@ def chat_prompt_ids(
 
 async def prompt_ids(model: SeatModel, item: str | list[int], what: str, param: str) -> list[int]:
     """A text (encoded off the event loop) or a list of token ids, checked: not empty, in the vocabulary."""
-    ids = await asyncio.to_thread(model.tokenizer.encode, item) if isinstance(item, str) else list(item)
+    ids = (
+        await asyncio.to_thread(model.tokenizer.encode_prompt, item) if isinstance(item, str) else list(item)
+    )
     if not ids:
         raise bad_request(f"{what} encodes to no tokens", param=param)
     check_ids(ids, model.llm.model_config.vocab_size)

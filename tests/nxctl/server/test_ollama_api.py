@@ -69,6 +69,41 @@ def test_embed_show_tags_ps_version(client: ollama.Client) -> None:
     assert isinstance(client._client.get("/api/version").json()["version"], str)
 
 
+def test_what_ollamas_clients_probe_and_send_beside_the_core_api(client: ollama.Client, seat) -> None:
+    """The liveness answer at / (GET and HEAD, as the ollama CLI probes it), HEAD on the listing
+    routes, the older /api/embeddings (the client's embeddings()), an empty embed input as a load,
+    capabilities from the template, and message and option forms Ollama reads loosely."""
+    root = httpx.get(seat.url + "/")
+    assert root.status_code == 200 and root.text == "Ollama is running"
+    for path in ("/", "/api/version", "/api/tags"):
+        assert httpx.head(seat.url + path).status_code == 200
+    one = client.embeddings(model="tiny", prompt="hello").embedding
+    assert one == pytest.approx(client.embed(model="tiny", input="hello").embeddings[0], abs=1e-6)
+    assert client.embeddings(model="tiny", prompt="").embedding == []
+    assert client.embed(model="tiny", input=[]).embeddings == []
+    assert client.show("tiny").capabilities[0] == "completion"
+    loose = {
+        "model": "tiny",
+        "stream": False,
+        "messages": [
+            {"role": "User", "content": "Say something."},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"function": {"name": "f", "arguments": {}}}],
+            },
+            {"role": "tool", "content": "done", "tool_call_id": "call_0", "tool_name": "f"},
+        ],
+        "options": {**GREEDY, "mirostat_eta": None},
+        "think": "high",
+    }
+    r = httpx.post(seat.url + "/api/chat", json=loose, timeout=60)
+    assert r.status_code == 200, r.text
+    raw = {"model": "tiny", "prompt": "x", "raw": True, "system": "s", "stream": False}
+    bad = httpx.post(seat.url + "/api/generate", json=raw, timeout=60)
+    assert bad.status_code == 400 and "raw mode" in bad.json()["error"]
+
+
 def test_long_chat_is_truncated_oldest_turns_first_system_kept(client: ollama.Client) -> None:
     system = {"role": "system", "content": "You are terse."}
     old = [{"role": "user", "content": "word " * 300}, {"role": "assistant", "content": "ok " * 300}]

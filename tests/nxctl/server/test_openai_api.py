@@ -129,6 +129,11 @@ def test_models_and_embeddings(client: openai.OpenAI) -> None:
     assert sum(v * v for v in vectors[0]) == pytest.approx(1.0, rel=1e-4)
     floats = client.embeddings.create(model="tiny", input="hello", encoding_format="float")
     assert floats.data[0].embedding == pytest.approx(vectors[0], abs=1e-6)
+    # no model here is trained to be cut short: asked for fewer dimensions, a 400, never the whole vector
+    with pytest.raises(openai.BadRequestError, match="dimensions"):
+        client.embeddings.create(model="tiny", input="hello", dimensions=16)
+    with pytest.raises(openai.BadRequestError, match="unknown field"):
+        client.embeddings.create(model="tiny", input="hello", extra_body={"pooling": "cls"})
 
 
 def test_32_concurrent_streams_each_equal_their_solo_output(seat) -> None:

@@ -76,6 +76,38 @@ def test_openai_keeps_thinking_apart_and_holds_the_answer_to_the_schema(thinker)
         assert thought.strip() == (message.model_extra.get("reasoning_content") or "").strip()
 
 
+def test_a_reply_with_its_thinking_goes_back_as_the_client_holds_it(thinker):
+    """The next turn sends the reply back: the message object (reasoning_content with it) or its
+    model_dump() (refusal, annotations, ... null); a refusal stands in for an assistant's content."""
+    url, model = thinker
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    ask = [{"role": "user", "content": "ok?"}]
+    answer = client.chat.completions.create(model=model, messages=ask, max_tokens=40, seed=1)
+    # a reply whose thinking was read apart, as the client parses it (random weights may not think)
+    held = answer.choices[0].message
+    reply = type(held).model_validate({**held.model_dump(), "reasoning_content": "a thought"})
+    assert reply.model_extra == {"reasoning_content": "a thought"}
+    turns = []
+    for sent in (reply, reply.model_dump(), {"role": "assistant", "content": None, "refusal": "no"}):
+        r = client.chat.completions.create(
+            model=model, messages=[*ask, sent, {"role": "user", "content": "and?"}], max_tokens=4, seed=1
+        )
+        turns.append(r.usage.prompt_tokens)
+    assert turns[0] == turns[1] > len(ask)
+    parts = [{"type": "refusal", "refusal": "no"}]
+    r = client.chat.completions.create(
+        model=model,
+        messages=[*ask, {"role": "assistant", "content": parts}, {"role": "user", "content": "and?"}],
+        max_tokens=4,
+        seed=1,
+    )
+    assert r.usage.prompt_tokens == turns[2]
+    with pytest.raises(openai.BadRequestError, match="content part"):
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": parts}], max_tokens=4
+        )
+
+
 def test_thinking_off_writes_an_empty_thought_and_answers_at_once(thinker):
     url, model = thinker
     body = {
@@ -100,6 +132,19 @@ def test_thinking_off_writes_an_empty_thought_and_answers_at_once(thinker):
 def test_ollama_thinking_field_and_think_option(thinker):
     url, model = thinker
     client = ollama.Client(host=url)
+    assert "thinking" in client.show(model).capabilities
+    # a level (gpt-oss's) turns thinking on: the answer of think=True, not of think=False
+    asks = {
+        think: client.chat(
+            model=model,
+            messages=[{"role": "user", "content": "ok?"}],
+            think=think,
+            options={"seed": 2, "num_predict": 12},
+        )
+        for think in ("high", True, False)
+    }
+    assert asks["high"].message == asks[True].message
+    assert asks["high"].prompt_eval_count != asks[False].prompt_eval_count
     r = client.chat(
         model=model,
         messages=[{"role": "user", "content": "ok?"}],

@@ -201,3 +201,24 @@ def test_requests_for_another_model_wait_for_the_busy_one_then_swap(tmp_path: Pa
             t.join(60)
         assert results == [200] * 8
         assert [m["name"] for m in httpx.get(url + "/api/ps").json()["models"]] == ["two:latest"]
+
+
+def test_a_registry_entry_whose_files_are_gone_leaves_the_listing_whole(
+    tmp_path: Path, tiny_settings
+) -> None:
+    """A model whose folder is deleted while the seat runs: /api/tags lists the others (the gone one
+    left out, logged), never a 500 for all of them; the gone one answers its own requests with a JSON
+    error."""
+    gone = tmp_path / "gone"
+    shutil.copytree(FIXTURES / "tiny", gone)
+    path = tmp_path / "registry.toml"
+    path.write_text(
+        f'[[model]]\nid = 0\nname = "tiny"\nsource = {json.dumps(str(FIXTURES / "tiny"))}\nnum_kv_blocks = 64\n'
+        f'[[model]]\nid = 1\nname = "gone"\nsource = {json.dumps(str(gone))}\nnum_kv_blocks = 16\n'
+    )
+    with BackgroundSeat(create_app(tiny_settings(tmp_path, registry=path))) as url:
+        shutil.rmtree(gone)
+        tags = httpx.get(url + "/api/tags", timeout=30)
+        assert tags.status_code == 200 and [m["name"] for m in tags.json()["models"]] == ["tiny:latest"]
+        r = httpx.post(url + "/api/chat", json={"model": "gone", "messages": USER}, timeout=30)
+        assert r.status_code >= 400 and "error" in r.json()

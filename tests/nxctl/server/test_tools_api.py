@@ -157,6 +157,25 @@ def test_none_answers_in_text_and_a_tool_result_goes_back(client: openai.OpenAI)
         follow.choices[0].finish_reason in ("stop", "length")
         and follow.usage.prompt_tokens > r.usage.prompt_tokens
     )
+    # the reply as a dict (model_dump: refusal, annotations, audio and function_call null), its calls
+    # with the index a client rebuilding them from a stream keeps: the same conversation, the same answer
+    dumped = call.model_dump()
+    assert {"refusal", "annotations", "audio", "function_call"} <= set(dumped)
+    dumped["tool_calls"] = [{"index": i, **c} for i, c in enumerate(dumped["tool_calls"])]
+    again = client.chat.completions.create(
+        model="tiny",
+        messages=[
+            *QUESTION,
+            dumped,
+            {"role": "tool", "tool_call_id": call.tool_calls[0].id, "content": "22 C"},
+        ],
+        tools=TOOLS,
+        tool_choice="none",
+        max_tokens=8,
+        temperature=0,
+    )
+    assert again.choices[0].message.content == follow.choices[0].message.content
+    assert again.usage.prompt_tokens == follow.usage.prompt_tokens
 
 
 @pytest.mark.parametrize(
