@@ -141,18 +141,19 @@ def test_none_answers_in_text_and_a_tool_result_goes_back(client: openai.OpenAI)
         .choices[0]
         .message
     )
-    follow = client.chat.completions.create(
-        model="tiny",
-        messages=[
+
+    def result_of(reply):
+        """The conversation with ``reply`` sent back and the tool's result, answered in text."""
+        messages = [
             *QUESTION,
-            call,
+            reply,
             {"role": "tool", "tool_call_id": call.tool_calls[0].id, "content": "22 C"},
-        ],
-        tools=TOOLS,
-        tool_choice="none",
-        max_tokens=8,
-        temperature=0,
-    )
+        ]
+        return client.chat.completions.create(
+            model="tiny", messages=messages, tools=TOOLS, tool_choice="none", max_tokens=8, temperature=0
+        )
+
+    follow = result_of(call)
     assert (
         follow.choices[0].finish_reason in ("stop", "length")
         and follow.usage.prompt_tokens > r.usage.prompt_tokens
@@ -162,18 +163,7 @@ def test_none_answers_in_text_and_a_tool_result_goes_back(client: openai.OpenAI)
     dumped = call.model_dump()
     assert {"refusal", "annotations", "audio", "function_call"} <= set(dumped)
     dumped["tool_calls"] = [{"index": i, **c} for i, c in enumerate(dumped["tool_calls"])]
-    again = client.chat.completions.create(
-        model="tiny",
-        messages=[
-            *QUESTION,
-            dumped,
-            {"role": "tool", "tool_call_id": call.tool_calls[0].id, "content": "22 C"},
-        ],
-        tools=TOOLS,
-        tool_choice="none",
-        max_tokens=8,
-        temperature=0,
-    )
+    again = result_of(dumped)
     assert again.choices[0].message.content == follow.choices[0].message.content
     assert again.usage.prompt_tokens == follow.usage.prompt_tokens
 
