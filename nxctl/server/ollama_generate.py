@@ -53,8 +53,8 @@ async def generate_work(req: GenerateRequest, model: SeatModel, default_max: int
     tokens cut to fit the context."""
     limits = OllamaLimits.of(req.options, model, default_max)
     tok = model.tokenizer
-    if req.raw or not tok.chat_template:
-        ids = tok.encode_prompt(req.prompt or "")
+    if req.raw or not tok.chat_template:  # BOS begins the sequence: not after an earlier context
+        ids = tok.encode(req.prompt or "") if req.context else tok.encode_prompt(req.prompt or "")
     else:
         turns = ([{"role": "system", "content": req.system}] if req.system else []) + [
             {"role": "user", "content": req.prompt or ""}

@@ -4,13 +4,12 @@ post-processor adds; a GGUF's tokenizer.ggml.add_bos_token, as llama.cpp reads i
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from engine.loader import load_tokenizer
+from tests.bos_folders import tiny_with_bos
 
 FIXTURES = Path(__file__).resolve().parents[3] / "fixtures"
 FAMILIES = FIXTURES / "families"
@@ -41,21 +40,9 @@ def test_a_gguf_adds_bos_as_its_add_bos_token_says(name: str) -> None:
 def test_a_post_processor_that_adds_bos_is_followed(tmp_path: Path) -> None:
     """Llama 3's and Gemma's folders: tokenizer.json's post-processor adds BOS (tiny's adds nothing)."""
     transformers = pytest.importorskip("transformers", reason="the reference is transformers' tokenizer")
-    folder = tmp_path / "tiny-bos"
-    shutil.copytree(FIXTURES / "tiny", folder)
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    _, before = load_tokenizer(folder)
+    _, before = load_tokenizer(FIXTURES / "tiny")
     assert not before.add_bos and before.encode_prompt("hi") == before.encode("hi")
-    bos = config["bos_token"]
-    tokenizer = json.loads((folder / "tokenizer.json").read_text())
-    bos_id = before.token_to_id(bos)
-    tokenizer["post_processor"] = {
-        "type": "TemplateProcessing",
-        "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
-        "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}},
-    }
-    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    folder, bos_id = tiny_with_bos(tmp_path)
     _, after = load_tokenizer(folder)
     assert after.add_bos and after.encode_prompt("hi") == [bos_id, *after.encode("hi")]
     reference = transformers.AutoTokenizer.from_pretrained(str(folder))

@@ -9,8 +9,10 @@ import httpx
 import ollama
 import pytest
 
+from engine.loader import load_tokenizer
 from nxctl.server.app import create_app
 from nxctl.server.uvicorn_seat import BackgroundSeat
+from tests.bos_folders import tiny_with_bos
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 GREEDY = {"temperature": 0, "num_predict": 8}
@@ -102,6 +104,21 @@ def test_what_ollamas_clients_probe_and_send_beside_the_core_api(client: ollama.
     raw = {"model": "tiny", "prompt": "x", "raw": True, "system": "s", "stream": False}
     bad = httpx.post(seat.url + "/api/generate", json=raw, timeout=60)
     assert bad.status_code == 400 and "raw mode" in bad.json()["error"]
+
+
+def test_a_raw_prompt_begins_with_bos_once_never_after_a_context(tmp_path: Path, tiny_settings) -> None:
+    """A model whose tokenizer adds BOS, with no chat template: /api/generate's prompt begins with BOS;
+    the next turn's prompt, after the context it sends back, gets none (one BOS a sequence)."""
+    folder, _ = tiny_with_bos(tmp_path, chat_template=False)
+    with BackgroundSeat(create_app(tiny_settings(tmp_path, models=(str(folder),)))) as url:
+        client = ollama.Client(host=url)
+        first = client.generate(model=folder.name, prompt="Once upon a time", options=GREEDY)
+        plain = len(load_tokenizer(folder)[1].encode("Once upon a time"))
+        assert first.prompt_eval_count == plain + 1
+        second = client.generate(
+            model=folder.name, prompt="Once upon a time", context=first.context, options=GREEDY
+        )
+        assert second.prompt_eval_count == len(first.context) + plain
 
 
 def test_long_chat_is_truncated_oldest_turns_first_system_kept(client: ollama.Client) -> None:
