@@ -27,7 +27,7 @@ from nxctl.server.host import SeatModel
 from nxctl.server.ollama_sampling import OllamaLimits, ollama_top
 from nxctl.server.ollama_shared import OllamaReply, load_or_unload, ollama_body, respond
 from nxctl.server.request_context import read_request
-from nxctl.server.schemas_ollama import ChatRequest, Message, thinks
+from nxctl.server.schemas_ollama import ChatRequest, Message
 from nxctl.server.streaming import Delta
 from nxctl.server.structured_fields import Constraints, constrain
 from nxctl.server.tokens import fit_messages
@@ -59,12 +59,10 @@ async def chat_work(req: ChatRequest, model: SeatModel, default_max: int) -> Wor
     tools = tools_of(req.tools)
     tok = model.tokenizer
     try:
-        ids, _ = await asyncio.to_thread(fit_messages, tok, messages, limits.prompt, tools, thinks(req.think))
+        ids, _ = await asyncio.to_thread(fit_messages, tok, messages, limits.prompt, tools, req.think)
     except InvalidRequestError as exc:
         raise bad_request(str(exc), param="messages") from exc
-    asked = Constraints(
-        format=req.format, tools=tools, tool_choice="auto", thinking=thinks(req.think) is not False
-    )
+    asked = Constraints(format=req.format, tools=tools, tool_choice="auto", thinking=req.think is not False)
     grammar, shape = await constrain(asked, model, ids)
     work = limits.work(ids, req.options, ollama_top(req.logprobs, req.top_logprobs), grammar)
     return dataclasses.replace(work, shape=shape)

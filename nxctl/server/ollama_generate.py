@@ -25,7 +25,7 @@ from nxctl.server.host import SeatModel
 from nxctl.server.ollama_sampling import OllamaLimits, ollama_top
 from nxctl.server.ollama_shared import OllamaReply, load_or_unload, ollama_body, respond
 from nxctl.server.request_context import read_request
-from nxctl.server.schemas_ollama import GenerateRequest, thinks
+from nxctl.server.schemas_ollama import GenerateRequest
 from nxctl.server.streaming import Delta
 from nxctl.server.structured_fields import Constraints, constrain
 from nxctl.server.tokens import check_ids
@@ -59,10 +59,10 @@ async def generate_work(req: GenerateRequest, model: SeatModel, default_max: int
         turns = ([{"role": "system", "content": req.system}] if req.system else []) + [
             {"role": "user", "content": req.prompt or ""}
         ]
-        ids = await asyncio.to_thread(tok.encode_chat, turns, True, None, thinks(req.think))
+        ids = await asyncio.to_thread(tok.encode_chat, turns, True, None, req.think)
     ids = list(req.context or []) + ids
     check_ids(ids, model.llm.model_config.vocab_size)
-    asked = Constraints(format=req.format, thinking=thinks(req.think) is not False and not req.raw)
+    asked = Constraints(format=req.format, thinking=req.think is not False and not req.raw)
     grammar, shape = await constrain(asked, model, ids)
     top = ollama_top(req.logprobs, req.top_logprobs)
     work = limits.work(ids[-limits.prompt :], req.options, top, grammar)

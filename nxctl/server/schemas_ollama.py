@@ -7,7 +7,7 @@ typical_p 1, tfs_z 1); load-time knobs (num_gpu, num_thread, ...) are refused, n
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -101,19 +101,21 @@ class Message(Strict):
         return "" if content is None else content
 
 
-# ``think``: on or off, or a level (gpt-oss's; any level here means on: no model here thinks by levels)
-Think = bool | Literal["low", "medium", "high", "max"]
+class _Thinking(BaseModel):
+    """``think``: on, off, or a level (gpt-oss's): any level means on here, no model here thinks by
+    levels; read as True / False / None (the model's default) at validation."""
+
+    think: bool | None = None
+
+    @field_validator("think", mode="before")
+    @classmethod
+    def _level_is_on(cls, think: object) -> object:
+        return True if think in ("low", "medium", "high", "max") else think
 
 
-def thinks(think: Think | None) -> bool | None:
-    """``think`` as on / off / the model's default (None)."""
-    return think if think is None or isinstance(think, bool) else True
-
-
-class ChatRequest(_Request):
+class ChatRequest(_Request, _Thinking):
     messages: list[Message] | None = None
     tools: list[dict[str, Any]] | None = None
-    think: Think | None = None  # a reasoning model: think first (its default), or not
     format: str | dict[str, Any] | None = None  # "json" or a JSON schema
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
@@ -125,13 +127,12 @@ class ChatRequest(_Request):
             message.reject_extras()
 
 
-class GenerateRequest(_Request):
+class GenerateRequest(_Request, _Thinking):
     prompt: str | None = None
     system: str | None = None
     raw: bool | None = None
     context: list[int] | None = None
     format: str | dict[str, Any] | None = None  # "json" or a JSON schema
-    think: Think | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
 
