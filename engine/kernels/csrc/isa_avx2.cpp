@@ -25,9 +25,9 @@ namespace nxk {
 
 // acc + the dot products of 8 columns' 8-bit weight quads w (stored q + 128) with one row's int8 quad
 // x4 (broadcast), widened to 32 bits at once: a 16-bit pair sum, |q| times x with q's sign, can reach
-// 2 * 128 * 127, so two quads' would not fit. 4-bit weights (0..15) instead add a block's 8 quads of
-// pair sums in 16 bits (at most 8 * 2 * 15 * 127 = 30480, exact) and widen once per block (dot_tile):
-// half the multiplies per quad.
+// 2 * 128 * 127, so two quads' would not fit. Weights of at most 6 unsigned bits instead add several
+// quads' pair sums in 16 bits and widen once per group (unsigned_quad_sums): a 4-bit block's 8 quads
+// reach at most 8 * 2 * 15 * 127 = 30480, exact, so about half the multiplies per quad.
 inline __m256i quad_dot_q8(__m256i acc, __m256i w, __m256i x4) {
   const __m256i q = _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));  // the signed quants
   const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(x4, q));
@@ -183,6 +183,40 @@ void unpack_panel(const uint8_t* panel, int64_t nb, uint8_t* out) {
   }
 }
 
+// Base formats whose dot layout stores unsigned quants u of at most 6 bits (every one but Q8 and the IQ4
+// types, whose bytes are signed values + 128), and that bound
+constexpr bool has_small_quants(int64_t format) { return !is_biased_byte(format); }
+template <int F>
+constexpr int32_t kMaxQuant = F == kQ8S ? 63 : has_fifth_bit(F) ? 31 : F == kQ3S ? 7 : F == kQ2S ? 3 : 15;
+// Quads whose 16-bit pair sums (vpmaddubsw: u times an int8 input, |x| <= 127, two products a lane) add
+// without leaving int16: n * 2 * 127 * umax <= 32767. 4-bit quants: 8 (a block), 5-bit 4, 6-bit 2.
+template <int F>
+constexpr int64_t kExactQuads = 32767 / (2 * 127 * kMaxQuant<F>);
+static_assert(kExactQuads<kQ4S> == 8 && kExactQuads<kQ5S> == 4 && kExactQuads<kQ8S> == 2 && kExactQuads<kQ3S> >= 8);
+
+// is[r][h] + R rows' int8 inputs (xw, by quad) times 8 columns' unsigned quants u (half h of the panel)
+// over quads [j0, j1): the pair sums of up to kExactQuads<F> quads added in 16 bits, then widened once
+// (one widening multiply per group, not per quad). The same exact integers as widening every quad.
+template <int F, int R, class W>
+inline void unsigned_quad_sums(const W& weights, const int32_t* const* xw, int64_t j0, int64_t j1, __m256i (&is)[R][2]) {
+  constexpr int64_t group = kExactQuads<F>;
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t g = j0; g < j1; g += group) {
+    __m256i pairs[R][2];
+    for (int r = 0; r < R; ++r) pairs[r][0] = pairs[r][1] = _mm256_setzero_si256();
+    for (int64_t j = g; j < std::min(j1, g + group); ++j) {
+      const __m256i w0 = weights.quad(j, 0), w1 = weights.quad(j, 1);
+      for (int r = 0; r < R; ++r) {
+        const __m256i x4 = _mm256_set1_epi32(xw[r][j]);
+        pairs[r][0] = _mm256_add_epi16(pairs[r][0], _mm256_maddubs_epi16(w0, x4));
+        pairs[r][1] = _mm256_add_epi16(pairs[r][1], _mm256_maddubs_epi16(w1, x4));
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int h = 0; h < 2; ++h) is[r][h] = _mm256_add_epi32(is[r][h], _mm256_madd_epi16(pairs[r][h], ones));
+  }
+}
+
 // R rows (from row m) x one panel of 16 columns over all of K, stored to y; Q: int8 or int16 inputs;
 // W: where the weights come from (PackedPanel, UnpackedPanel)
 template <int F, int R, class Q, class W>
@@ -198,43 +232,30 @@ void dot_tile(const QActsOf<Q>& a, int64_t K, W weights, int64_t m, float* y, in
     constexpr int passes = has_half_scales(F) ? 2 : 1;  // Q8S, Q3S, Q2S: one scale per half block
     for (int pass = 0; pass < passes; ++pass) {
       __m256i is[R][2];
-      __m256i pairs[R][2];  // int8 inputs x 4-bit weights: 16-bit sums of the block's pairs (see quad_dot_q8)
-      for (int r = 0; r < R; ++r) is[r][0] = is[r][1] = pairs[r][0] = pairs[r][1] = _mm256_setzero_si256();
-      for (int64_t j = pass * kQuads / passes; j < (pass + 1) * kQuads / passes; ++j) {
-        const __m256i w0 = weights.quad(j, 0), w1 = weights.quad(j, 1);
-        if constexpr (wide) {
-          const __m256i low = _mm256_set1_epi16(0x00FF);
-          const __m256i e0 = _mm256_and_si256(w0, low), o0 = _mm256_srli_epi16(w0, 8);
-          const __m256i e1 = _mm256_and_si256(w1, low), o1 = _mm256_srli_epi16(w1, 8);
-          for (int r = 0; r < R; ++r) {
-            const __m256i xe = _mm256_set1_epi32(xw[r][2 * j]), xo = _mm256_set1_epi32(xw[r][2 * j + 1]);
-            is[r][0] = quad_dot16(is[r][0], e0, o0, xe, xo);
-            is[r][1] = quad_dot16(is[r][1], e1, o1, xe, xo);
-          }
-        } else if constexpr (F == kQ4 || F == kQ4S || F == kQ4Z) {
-          for (int r = 0; r < R; ++r) {
-            const __m256i x4 = _mm256_set1_epi32(xw[r][j]);
-            pairs[r][0] = _mm256_add_epi16(pairs[r][0], _mm256_maddubs_epi16(w0, x4));
-            pairs[r][1] = _mm256_add_epi16(pairs[r][1], _mm256_maddubs_epi16(w1, x4));
-          }
-        } else if constexpr (F == kQ8S || has_fifth_bit(F) || F == kQ3S || F == kQ2S) {  // u <= 63: a pair sum fits 16 bits, a block's would not
-          const __m256i ones = _mm256_set1_epi16(1);
-          for (int r = 0; r < R; ++r) {
-            const __m256i x4 = _mm256_set1_epi32(xw[r][j]);
-            is[r][0] = _mm256_add_epi32(is[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(w0, x4), ones));
-            is[r][1] = _mm256_add_epi32(is[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(w1, x4), ones));
-          }
-        } else {
-          for (int r = 0; r < R; ++r) {
-            const __m256i x4 = _mm256_set1_epi32(xw[r][j]);
-            is[r][0] = quad_dot_q8(is[r][0], w0, x4);
-            is[r][1] = quad_dot_q8(is[r][1], w1, x4);
+      for (int r = 0; r < R; ++r) is[r][0] = is[r][1] = _mm256_setzero_si256();
+      if constexpr (!wide && has_small_quants(F)) {
+        unsigned_quad_sums<F, R>(weights, xw, pass * kQuads / passes, (pass + 1) * kQuads / passes, is);
+      } else {
+        for (int64_t j = pass * kQuads / passes; j < (pass + 1) * kQuads / passes; ++j) {
+          const __m256i w0 = weights.quad(j, 0), w1 = weights.quad(j, 1);
+          if constexpr (wide) {
+            const __m256i low = _mm256_set1_epi16(0x00FF);
+            const __m256i e0 = _mm256_and_si256(w0, low), o0 = _mm256_srli_epi16(w0, 8);
+            const __m256i e1 = _mm256_and_si256(w1, low), o1 = _mm256_srli_epi16(w1, 8);
+            for (int r = 0; r < R; ++r) {
+              const __m256i xe = _mm256_set1_epi32(xw[r][2 * j]), xo = _mm256_set1_epi32(xw[r][2 * j + 1]);
+              is[r][0] = quad_dot16(is[r][0], e0, o0, xe, xo);
+              is[r][1] = quad_dot16(is[r][1], e1, o1, xe, xo);
+            }
+          } else {
+            for (int r = 0; r < R; ++r) {
+              const __m256i x4 = _mm256_set1_epi32(xw[r][j]);
+              is[r][0] = quad_dot_q8(is[r][0], w0, x4);
+              is[r][1] = quad_dot_q8(is[r][1], w1, x4);
+            }
           }
         }
       }
-      if constexpr (!wide && (F == kQ4 || F == kQ4S || F == kQ4Z))  // the block's 16-bit pair sums widened once
-        for (int r = 0; r < R; ++r)
-          for (int h = 0; h < 2; ++h) is[r][h] = _mm256_madd_epi16(pairs[r][h], _mm256_set1_epi16(1));
       for (int r = 0; r < R; ++r) {
         const float dx = a.d[(m + r) * nb + b];
         const int32_t* s = a.s + ((m + r) * nb + b) * 2;

@@ -185,25 +185,48 @@ def test_zero_and_integer_inputs(mode: str):
     _close_to_reference(got, kernels.qlinear(x, packed, fmt, n))
 
 
+def _float16_bytes(value: float) -> torch.Tensor:
+    return torch.tensor([value], dtype=torch.float16).view(torch.uint8)
+
+
+def _largest_quants(qtype: str, n: int, k: int) -> tuple[QuantizedWeight, int]:
+    """A weight whose every stored quant is its type's largest (all quant bits set), every scale 1 and
+    every min 0; and the value each weight then has (the quant less the type's offset)."""
+    raw = torch.full((n, k // BLOCK_ELEMENTS[qtype], BLOCK_BYTES[qtype]), 0xFF, dtype=torch.uint8)
+    if qtype in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):  # d, [m], [qh], nibbles
+        raw[..., 0:2] = _float16_bytes(1.0)
+        if qtype.endswith("_1"):
+            raw[..., 2:4] = _float16_bytes(0.0)
+        return QuantizedWeight(qtype, raw, (n, k)), (15 if qtype.startswith("Q4") else 31) - (
+            0 if qtype.endswith("_1") else (8 if qtype == "Q4_0" else 16)
+        )
+    if qtype == "Q5_K":  # d, dmin, 12 bytes of 6-bit scales and mins, qh[32], qs[128]
+        raw[..., 0:2], raw[..., 2:4] = _float16_bytes(1.0), _float16_bytes(0.0)
+        raw[..., 4:16] = torch.tensor([1] * 4 + [0] * 4 + [1] * 4, dtype=torch.uint8)  # sub-scales 1, mins 0
+        return QuantizedWeight(qtype, raw, (n, k)), 31
+    assert qtype == "Q6_K"  # ql[128], qh[64], int8 scales[16], d: q = u - 32
+    raw[..., 192:208] = 1
+    raw[..., 208:210] = _float16_bytes(1.0)
+    return QuantizedWeight(qtype, raw, (n, k)), 63 - 32
+
+
 @pytest.mark.parametrize("mode", INTEGER_MODES)
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
-def test_largest_four_bit_sums_stay_exact(qtype: str, mode: str):
-    """Every quant 15 against inputs at the limit: the largest integer sums a 4-bit block can form
-    (AVX2 adds a block's int8 pair sums in 16 bits before widening: 8 * 2 * 15 * 127 = 30480 must not
-    wrap; from 32 rows on it forms int16 blocks' sums as float32 fma chains: 32 * 15 * 32767 must stay
-    below 2^24). At 3 rows and at 36, every build gives the generic bits, and the value is the exact one."""
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q5_K", "Q6_K"])
+def test_largest_sums_stay_exact(qtype: str, mode: str):
+    """Every quant at its largest against inputs at the limit: the largest integer sums a block can form.
+    AVX2 adds several quads' int8 pair sums in 16 bits before widening (8 quads of 4-bit quants: 8 * 2 *
+    15 * 127 = 30480; 4 of 5-bit, 4 * 2 * 31 * 127 = 31496; 2 of 6-bit, 2 * 2 * 63 * 127 = 32004; one
+    more quad would wrap); from 32 rows on it forms int16 4-bit blocks' sums as float32 fma chains (32 *
+    15 * 32767 must stay below 2^24). At 3 rows and at 36, every build gives the generic bits, and the
+    value is the exact one."""
     module = kernels.backend().module
     if module is None:
         pytest.skip("the C++ kernels are not built on this machine")
-    n, k = 24, 96
-    raw = torch.full((n, k // 32, BLOCK_BYTES[qtype]), 0xFF, dtype=torch.uint8)
-    raw[..., 0:2] = torch.tensor([1.0], dtype=torch.float16).view(torch.uint8)  # d = 1
-    if qtype == "Q4_1":
-        raw[..., 2:4] = torch.tensor([0.0], dtype=torch.float16).view(torch.uint8)  # m = 0
-    weight = QuantizedWeight(qtype, raw, (n, k))
+    n, k = 24, 256 if BLOCK_ELEMENTS[qtype] > BLOCK else 96
+    weight, level = _largest_quants(qtype, n, k)
+    assert torch.equal(unpack_quantized(*pack_quantized(weight)[::-1], n), torch.full((n, k), float(level)))
     fmt, packed = pack_quantized(weight, mode)
     rows = torch.stack([torch.ones(k), -torch.ones(k), torch.where(torch.arange(k) % 2 == 0, 1.0, -1.0)])
-    level = 15 - (8 if qtype == "Q4_0" else 0)  # Q4_0 weighs q - 8
     exact = torch.tensor([level * k, -level * k, 0.0])
     for copies in (1, 12):
         x = rows.repeat(copies, 1)
