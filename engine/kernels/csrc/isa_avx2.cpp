@@ -94,6 +94,20 @@ inline __m256i bytes8_at(const uint8_t* p) {  // 8 unsigned bytes widened
   return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
 }
 
+// quantized.h's signed_six_bit_scales for columns 8h .. 8h + 7: D * (sc - 32), the same exact products.
+// Column c's low 4 bits are in byte c % 8 (columns 8.. in the high nibbles), its high 2 bits at bits
+// 2 (c % 4) of byte 8 + c / 4: lane i of half h reads the 16 bits at byte 8 + 2h shifted by 2i.
+inline __m256 signed_six_bit_scales8(const uint8_t* super, const uint8_t* six, int h) {
+  const __m256i low8 = bytes8_at(six);
+  const __m256i low = h == 0 ? _mm256_and_si256(low8, _mm256_set1_epi32(0x0F)) : _mm256_srli_epi32(low8, 4);
+  uint16_t pair;
+  std::memcpy(&pair, six + kPanel / 2 + 2 * h, sizeof(pair));
+  const __m256i high = _mm256_and_si256(
+      _mm256_srlv_epi32(_mm256_set1_epi32(pair), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)), _mm256_set1_epi32(0x03));
+  const __m256i sc = _mm256_sub_epi32(_mm256_or_si256(low, _mm256_slli_epi32(high, 4)), _mm256_set1_epi32(32));
+  return _mm256_mul_ps(half8_at(super + 16 * h), _mm256_cvtepi32_ps(sc));
+}
+
 template <int F>
 inline const uint8_t* block_head8(const uint8_t* panel, int64_t b, float* buf) {
   if constexpr (has_k4_head(F)) {
@@ -122,8 +136,31 @@ inline const uint8_t* block_head8(const uint8_t* panel, int64_t b, float* buf) {
                          _mm256_mul_ps(half8_at(super + 16 * h), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes))));
       }
     return reinterpret_cast<const uint8_t*>(buf);
-  } else if constexpr (F % kBaseFormats == kI4S || F % kBaseFormats == kQ3S || F % kBaseFormats == kQ2S) {
-    return block_head<F>(panel, b, buf);  // (scalar: one product per column and sub-block)
+  } else if constexpr (F % kBaseFormats == kI4S || F % kBaseFormats == kQ3S) {
+    constexpr int sets = F % kBaseFormats == kQ3S ? 2 : 1;  // Q3S: the scales of k 0..15, then of k 16..31
+    const uint8_t* super = panel + (b / kSuperBlocks) * group_bytes(F);
+    const uint8_t* six = super + kScaleBytes + (b % kSuperBlocks) * sets * kSixBitScales;
+    for (int set = 0; set < sets; ++set, six += kSixBitScales)
+      for (int h = 0; h < 2; ++h) {
+        _mm256_storeu_ps(buf + set * kPanel + 8 * h, signed_six_bit_scales8(super, six, h));
+      }
+    if constexpr (sets == 1) {
+      _mm256_storeu_ps(buf + kPanel, _mm256_setzero_ps());
+      _mm256_storeu_ps(buf + kPanel + 8, _mm256_setzero_ps());
+    }
+    return reinterpret_cast<const uint8_t*>(buf);
+  } else if constexpr (F % kBaseFormats == kQ2S) {
+    const uint8_t* super = panel + (b / kSuperBlocks) * group_bytes(kQ2S);
+    const uint8_t* subs = super + 2 * kScaleBytes + (b % kSuperBlocks) * 2 * kPanel;
+    for (int half = 0; half < 2; ++half)
+      for (int h = 0; h < 2; ++h) {
+        const __m256i bytes = bytes8_at(subs + half * kPanel + 8 * h);
+        const __m256 sc = _mm256_cvtepi32_ps(_mm256_and_si256(bytes, _mm256_set1_epi32(0x0F)));
+        const __m256 mn = _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
+        _mm256_storeu_ps(buf + half * kPanel + 8 * h, _mm256_mul_ps(half8_at(super + 16 * h), sc));
+        _mm256_storeu_ps(buf + (2 + half) * kPanel + 8 * h, negate8(_mm256_mul_ps(half8_at(super + kScaleBytes + 16 * h), mn)));
+      }
+    return reinterpret_cast<const uint8_t*>(buf);
   }
   return tile_at<F>(panel, b);
 }
