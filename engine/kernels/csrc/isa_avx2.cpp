@@ -165,6 +165,115 @@ inline const uint8_t* block_head8(const uint8_t* panel, int64_t b, float* buf) {
   return tile_at<F>(panel, b);
 }
 
+// ---- the float route (quantized.h's qlinear_panels) with its tiles dequantized 8 columns at a time ----
+
+// 8 lanes, lane i = (field >> (width * i)) & mask: column 8h + i's field from the 16 (or 8) bits that hold
+// half h's 8 columns (2-bit fields: 2 bytes, 1-bit fields: 1 byte)
+template <int Width>
+inline __m256i packed_fields8(uint32_t bits) {
+  const __m256i shifts = Width == 2 ? _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14) : _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(bits)), shifts),
+                          _mm256_set1_epi32((1 << Width) - 1));
+}
+
+inline uint32_t two_bytes_at(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// Row kk's quants of columns 8h .. 8h + 7 in a plain tile (quantized.h's tile_quant, the same integers):
+// the signed value q (u less the format's offset, an IQ4 type's looked-up value), 8 int32 lanes
+template <int F>
+inline __m256i tile_quants8(const uint8_t* quants, int64_t kk, int h) {
+  if constexpr (F == kQ3S || F == kQ2S) {
+    const __m256i two = packed_fields8<2>(two_bytes_at(quants + kk * 4 + 2 * h));
+    if constexpr (F == kQ2S) return two;
+    const __m256i bit = packed_fields8<1>(quants[kTwoBitPlane + kk * 2 + h]);
+    return _mm256_sub_epi32(_mm256_or_si256(two, _mm256_slli_epi32(bit, 2)), _mm256_set1_epi32(quant_offset(F)));
+  } else if constexpr (is_iq4(F)) {  // each nibble's value, looked up in 16 bytes
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(quants + kk * (kPanel / 2)));
+    const __m128i low = _mm_and_si128(h == 0 ? bytes : _mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F));
+    const __m128i values = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4Values));
+    return _mm256_cvtepi8_epi32(_mm_shuffle_epi8(values, low));
+  } else {
+    const __m256i bytes = bytes8_at(quants + kk * (kPanel / 2));
+    __m256i u = h == 0 ? _mm256_and_si256(bytes, _mm256_set1_epi32(0x0F)) : _mm256_srli_epi32(bytes, 4);
+    if constexpr (F == kQ8S)
+      u = _mm256_or_si256(u, _mm256_slli_epi32(packed_fields8<2>(two_bytes_at(quants + kLowPlane + kk * 4 + 2 * h)), 4));
+    if constexpr (has_fifth_bit(F))
+      u = _mm256_or_si256(u, _mm256_slli_epi32(packed_fields8<1>(quants[kLowPlane + kk * 2 + h]), 4));
+    return quant_offset(F) != 0 ? _mm256_sub_epi32(u, _mm256_set1_epi32(quant_offset(F))) : u;
+  }
+}
+
+// quantized.h's QTile for this table: the same scales (block_head8 forms them as block_head does) and
+// the same products and fmas of the same integers, with the quants unpacked in lanes rather than one
+// column at a time: the same weights, bit for bit
+template <int F>
+struct QTile8 {
+  using V = __m256;
+  const uint8_t* quants;
+  V d0, d1, m0, m1, n0, n1, n2, n3;
+
+  // Q8, Q4 and Q4S rows are read as QTile reads them (in lanes already); the others' quants by tile_quants8
+  static constexpr bool kOwnRows = F != kQ8 && F != kQ4 && F != kQ4S;
+
+  QTile8(const uint8_t* panel, int64_t b) : quants(block_quants<F>(panel, b)) {
+    float buf[kHeadFloats];
+    const uint8_t* head = block_head8<F>(panel, b, buf);
+    if constexpr (has_formed_scales(F)) {
+      const float* d = reinterpret_cast<const float*>(head);
+      d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
+      m0 = _mm256_loadu_ps(d + kPanel), m1 = _mm256_loadu_ps(d + kPanel + 8);
+      if constexpr (F == kQ2S) {
+        n0 = _mm256_loadu_ps(d + 2 * kPanel), n1 = _mm256_loadu_ps(d + 2 * kPanel + 8);
+        n2 = _mm256_loadu_ps(d + 3 * kPanel), n3 = _mm256_loadu_ps(d + 3 * kPanel + 8);
+      }
+    } else {
+      d0 = half8_at(head), d1 = half8_at(head + 16);
+      m0 = m1 = _mm256_setzero_ps();
+      if constexpr (has_min(F)) m0 = half8_at(head + kScaleBytes), m1 = half8_at(head + kScaleBytes + 16);
+    }
+  }
+
+  void at(int64_t kk, V& w0, V& w1) const {
+    if constexpr (!kOwnRows) {
+      plain_at(kk, w0, w1);
+    } else {
+      const V q0 = _mm256_cvtepi32_ps(tile_quants8<F>(quants, kk, 0)), q1 = _mm256_cvtepi32_ps(tile_quants8<F>(quants, kk, 1));
+      const bool low = kk < kQBlock / 2;
+      if constexpr (F == kQ2S) {
+        w0 = _mm256_fmadd_ps(q0, low ? d0 : m0, low ? n0 : n2);
+        w1 = _mm256_fmadd_ps(q1, low ? d1 : m1, low ? n1 : n3);
+      } else if constexpr (has_half_scales(F)) {
+        w0 = _mm256_mul_ps(q0, low ? d0 : m0);
+        w1 = _mm256_mul_ps(q1, low ? d1 : m1);
+      } else if constexpr (!has_min(F)) {
+        w0 = _mm256_mul_ps(q0, d0);
+        w1 = _mm256_mul_ps(q1, d1);
+      } else {
+        w0 = _mm256_fmadd_ps(q0, d0, m0);
+        w1 = _mm256_fmadd_ps(q1, d1, m1);
+      }
+    }
+  }
+
+ private:
+  void plain_at(int64_t kk, V& w0, V& w1) const {  // QTile's own arithmetic over these scales
+    if constexpr (F == kQ8) {
+      const int8_t* q = reinterpret_cast<const int8_t*>(quants) + kk * kPanel;
+      w0 = _mm256_mul_ps(Avx2Vec::load_i8(q), d0);
+      w1 = _mm256_mul_ps(Avx2Vec::load_i8(q + 8), d1);
+    } else {
+      V q0, q1;
+      Avx2Vec::load_nibbles(quants + kk * (kPanel / 2), q0, q1);
+      w0 = _mm256_fmadd_ps(q0, d0, m0);
+      w1 = _mm256_fmadd_ps(q1, d1, m1);
+    }
+  }
+};
+
 // acc + 8 columns' int16-input dot products over one quad: the weight bytes widened where they lie, the
 // even ones (k0, k2) met by the row's first input pair (stored x0 x2), the odd ones (k1, k3) by the
 // second (x1 x3). Exact: a pair sum is at most 2 * 255 * 32767.
@@ -468,6 +577,10 @@ struct Avx2Dots {
 
 KernelTable avx2_table() {
   KernelTable t = make_table<Avx2Vec>("avx2");
+  for_each_base_format([&t](auto format) {
+    constexpr int F = decltype(format)::value;
+    t.qlinear[F] = &qlinear_panels<Avx2Vec, F, QTile8<F>>;
+  });
   set_dot_entries<Avx2Dots>(t);
   use_avx2_quantizers(t);
   return t;

@@ -375,7 +375,7 @@ struct QTile {
 
 // R rows (R <= kRowTile) x NP adjacent panels, weights dequantized in registers. Several panels keep
 // more independent fma chains in flight when there are few rows; each output's chain is unchanged.
-template <class O, int F, int R, int NP>
+template <class O, int F, int R, int NP, class Tile = QTile<O, F>>
 void qlinear_tile(const float* xt, int64_t K, const uint8_t* panel, int64_t panel_bytes, float* y,
                   int64_t ldy, const int64_t* cols) {
   using V = typename O::V;
@@ -383,8 +383,8 @@ void qlinear_tile(const float* xt, int64_t K, const uint8_t* panel, int64_t pane
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < 2 * NP; ++j) acc[r][j] = O::zero();
   for (int64_t b = 0; b < K / kQBlock; ++b) {
-    const QTile<O, F> t0(panel, b);
-    const QTile<O, F> t1(panel + (NP > 1 ? panel_bytes : 0), b);
+    const Tile t0(panel, b);
+    const Tile t1(panel + (NP > 1 ? panel_bytes : 0), b);
     for (int64_t kk = 0; kk < kQBlock; ++kk) {
       const float* xk = xt + (b * kQBlock + kk) * kRowTile;
       V w[2 * NP];
@@ -400,24 +400,24 @@ void qlinear_tile(const float* xt, int64_t K, const uint8_t* panel, int64_t pane
     for (int r = 0; r < R; ++r) store_columns<O>(y + r * ldy + p * kPanel, acc[r][2 * p], acc[r][2 * p + 1], cols[p]);
 }
 
-template <class O, int F, int NP>
+template <class O, int F, int NP, class Tile = QTile<O, F>>
 void qlinear_tile_rows(int64_t rows, const float* xt, int64_t K, const uint8_t* panel, int64_t panel_bytes,
                        float* y, int64_t ldy, const int64_t* cols) {
   switch (rows) {
-    case 6: qlinear_tile<O, F, 6, NP>(xt, K, panel, panel_bytes, y, ldy, cols); break;
-    case 5: qlinear_tile<O, F, 5, NP>(xt, K, panel, panel_bytes, y, ldy, cols); break;
-    case 4: qlinear_tile<O, F, 4, NP>(xt, K, panel, panel_bytes, y, ldy, cols); break;
-    case 3: qlinear_tile<O, F, 3, NP>(xt, K, panel, panel_bytes, y, ldy, cols); break;
-    case 2: qlinear_tile<O, F, 2, NP>(xt, K, panel, panel_bytes, y, ldy, cols); break;
-    default: qlinear_tile<O, F, 1, NP>(xt, K, panel, panel_bytes, y, ldy, cols); break;
+    case 6: qlinear_tile<O, F, 6, NP, Tile>(xt, K, panel, panel_bytes, y, ldy, cols); break;
+    case 5: qlinear_tile<O, F, 5, NP, Tile>(xt, K, panel, panel_bytes, y, ldy, cols); break;
+    case 4: qlinear_tile<O, F, 4, NP, Tile>(xt, K, panel, panel_bytes, y, ldy, cols); break;
+    case 3: qlinear_tile<O, F, 3, NP, Tile>(xt, K, panel, panel_bytes, y, ldy, cols); break;
+    case 2: qlinear_tile<O, F, 2, NP, Tile>(xt, K, panel, panel_bytes, y, ldy, cols); break;
+    default: qlinear_tile<O, F, 1, NP, Tile>(xt, K, panel, panel_bytes, y, ldy, cols); break;
   }
 }
 
 // panel p dequantized into buf [K, 16] float32 (the layout kernels.h's linear_tile reads)
-template <class O, int F>
+template <class O, int F, class Tile = QTile<O, F>>
 void dequantize_panel(const uint8_t* panel, int64_t K, float* buf) {
   for (int64_t b = 0; b < K / kQBlock; ++b) {
-    const QTile<O, F> t(panel, b);
+    const Tile t(panel, b);
     for (int64_t kk = 0; kk < kQBlock; ++kk) {
       typename O::V w0, w1;
       t.at(kk, w0, w1);
@@ -431,8 +431,9 @@ void dequantize_panel(const uint8_t* panel, int64_t K, float* buf) {
 // Column panels [panel_begin, panel_end) of y = x @ W^T for a packed quantized W. Up to one row tile,
 // in-register dequantization (two panels at a time for one or two rows); more rows, each panel is
 // dequantized once per row block into a buffer and the float32 tiles run over it. Same weights,
-// same chains: the two routes give the same bits.
-template <class O, int F>
+// same chains: the two routes give the same bits. Tile: where the weights are dequantized (QTile, or an
+// instruction set's own tile giving the same values)
+template <class O, int F, class Tile = QTile<O, F>>
 void qlinear_panels(const float* x, int64_t M, int64_t K, const uint8_t* packed, int64_t N, float* y,
                     int64_t panel_begin, int64_t panel_end) {
   const int64_t panel_bytes = panel_bytes_of(F, K);
@@ -445,11 +446,11 @@ void qlinear_panels(const float* x, int64_t M, int64_t K, const uint8_t* packed,
       const uint8_t* panel = packed + p * panel_bytes;
       if (M <= 2 && p + 1 < panel_end) {
         const int64_t cols[2] = {cols_of(p), cols_of(p + 1)};
-        qlinear_tile_rows<O, F, 2>(M, xt.data(), K, panel, panel_bytes, y + p * kPanel, N, cols);
+        qlinear_tile_rows<O, F, 2, Tile>(M, xt.data(), K, panel, panel_bytes, y + p * kPanel, N, cols);
         p += 2;
       } else {
         const int64_t cols[1] = {cols_of(p)};
-        qlinear_tile_rows<O, F, 1>(M, xt.data(), K, panel, panel_bytes, y + p * kPanel, N, cols);
+        qlinear_tile_rows<O, F, 1, Tile>(M, xt.data(), K, panel, panel_bytes, y + p * kPanel, N, cols);
         p += 1;
       }
     }
@@ -460,7 +461,7 @@ void qlinear_panels(const float* x, int64_t M, int64_t K, const uint8_t* packed,
     const int64_t m1 = std::min(M, m0 + kRowBlock);
     const int64_t tiles = interleave_rows(x, K, m0, m1, xt);
     for (int64_t p = panel_begin; p < panel_end; ++p) {
-      dequantize_panel<O, F>(packed + p * panel_bytes, K, wbuf.data());
+      dequantize_panel<O, F, Tile>(packed + p * panel_bytes, K, wbuf.data());
       for (int64_t t = 0; t < tiles; ++t) {
         const int64_t m = m0 + t * kRowTile;
         linear_tile_rows<O, float>(std::min(kRowTile, m1 - m), xt.data() + t * K * kRowTile, K, wbuf.data(),
