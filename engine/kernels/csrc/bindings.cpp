@@ -8,6 +8,7 @@
 
 #include "cache_layout.h"
 #include "decoder.h"
+#include "huge_pages.h"
 #include "ops.h"
 #include "quantized_rows.h"
 #include "repack.h"
@@ -138,7 +139,7 @@ torch::Tensor repack_quantized(const std::vector<torch::Tensor>& parts, int64_t 
   }
   const std::vector<const uint8_t*> rows = stacked_rows(held, k / elements * bytes, order, n);
   const int64_t panels = (n + nxk::kPanel - 1) / nxk::kPanel;
-  auto out = torch::empty({panels, k / elements, nxk::group_bytes(format)}, torch::kUInt8);
+  auto out = nxk::huge_page_empty({panels, k / elements, nxk::group_bytes(format)}, torch::kUInt8);
   const nxk::RepackArgs a{rows.data(), n, k, format, out.data_ptr<uint8_t>()};
   at::parallel_for(0, panels, 4, [&](int64_t b, int64_t e) { nxk::repack_panels(a, b, e); });
   return out;
@@ -160,7 +161,7 @@ torch::Tensor pack_panels(const std::vector<torch::Tensor>& parts) {
   for (const auto& part : held) n += part.size(0);
   const std::vector<const uint8_t*> rows = stacked_rows(held, k * width, std::nullopt, n);
   const int64_t panels = (n + nxk::kPanel - 1) / nxk::kPanel;
-  auto out = torch::empty({panels, k, nxk::kPanel}, parts[0].options());
+  auto out = nxk::huge_page_empty({panels, k, nxk::kPanel}, parts[0].scalar_type());
   auto* o = static_cast<uint8_t*>(out.data_ptr());
   at::parallel_for(0, panels, 1, [&](int64_t b, int64_t e) {
     if (width == 2) nxk::pack_float_panels<2>(rows.data(), n, k, o, b, e);
