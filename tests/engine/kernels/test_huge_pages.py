@@ -31,19 +31,26 @@ def _thp_allowed() -> None:
         pytest.skip("transparent huge pages are off here (never): weights stay in 4 KB pages")
 
 
+def _mappings() -> list[tuple[int, int, dict[str, list[str]]]]:
+    """Every mapping of this process as (start, end, its /proc/self/smaps fields, each a list of words)."""
+    mappings: list[tuple[int, int, dict[str, list[str]]]] = []
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head, *rest = line.split()
+        if head.endswith(":"):
+            mappings[-1][2][head[:-1]] = rest
+        else:
+            start, end = (int(x, 16) for x in head.split("-"))
+            mappings.append((start, end, {}))
+    return mappings
+
+
 def huge_kb_under(tensor: torch.Tensor) -> int:
-    """KB of the mappings that hold ``tensor``'s bytes backed by huge pages (/proc/self/smaps)."""
+    """KB of the mappings that hold ``tensor``'s bytes backed by huge pages."""
     lo = tensor.data_ptr()
     hi = lo + tensor.numel() * tensor.element_size()
-    total, inside = 0, False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()[0]
-        if "-" in head and not head.endswith(":"):
-            start, end = (int(x, 16) for x in head.split("-"))
-            inside = start < hi and lo < end
-        elif inside and head == "AnonHugePages:":
-            total += int(line.split()[1])
-    return total
+    return sum(
+        int(fields["AnonHugePages"][0]) for start, end, fields in _mappings() if start < hi and lo < end
+    )
 
 
 def test_a_packed_quantized_weight_lies_in_huge_pages_with_the_packers_bytes():
@@ -73,13 +80,18 @@ def test_the_check_fails_on_memory_kept_in_small_pages():
     region.close()
 
 
+def _flags_of_mapping_at(address: int) -> list[str]:
+    """The VmFlags of the mapping that holds ``address`` (none where no mapping does)."""
+    return next((fields["VmFlags"] for start, end, fields in _mappings() if start <= address < end), [])
+
+
 def test_a_freed_weight_gives_its_mapping_back():
+    """While held, the weight's mapping is advised ("hg"); once freed, no advised mapping holds its address
+    (another allocation may take the range, never with our advice)."""
     _thp_allowed()
     packed = kernels.pack_linear_weight(torch.randn(1024, 1024))
     start = packed.data_ptr()
+    assert "hg" in _flags_of_mapping_at(start)
     del packed
     gc.collect()
-    maps = Path("/proc/self/maps").read_text().splitlines()
-    assert not any(
-        int(m.split()[0].split("-")[0], 16) <= start < int(m.split()[0].split("-")[1], 16) for m in maps
-    )
+    assert "hg" not in _flags_of_mapping_at(start)
