@@ -207,69 +207,25 @@ inline __m256i tile_quants8(const uint8_t* quants, int64_t kk, int h) {
   }
 }
 
-// quantized.h's QTile for this table: the same scales (block_head8 forms them as block_head does) and
-// the same products and fmas of the same integers, with the quants unpacked in lanes rather than one
-// column at a time: the same weights, bit for bit
+// quantized.h's QTile for this table: block_head8 forms the header as block_head does, and the quants of
+// every type but Q8, Q4 and Q4S (read in lanes already) are unpacked in lanes (tile_quants8) rather than
+// one column at a time; QTile's scales and combine: the same weights, bit for bit
 template <int F>
-struct QTile8 {
+struct QTile8 : QTile<Avx2Vec, F> {
+  using Base = QTile<Avx2Vec, F>;
   using V = __m256;
-  const uint8_t* quants;
-  V d0, d1, m0, m1, n0, n1, n2, n3;
 
-  // Q8, Q4 and Q4S rows are read as QTile reads them (in lanes already); the others' quants by tile_quants8
-  static constexpr bool kOwnRows = F != kQ8 && F != kQ4 && F != kQ4S;
-
-  QTile8(const uint8_t* panel, int64_t b) : quants(block_quants<F>(panel, b)) {
+  QTile8(const uint8_t* panel, int64_t b) : Base(block_quants<F>(panel, b)) {
     float buf[kHeadFloats];
-    const uint8_t* head = block_head8<F>(panel, b, buf);
-    if constexpr (has_formed_scales(F)) {
-      const float* d = reinterpret_cast<const float*>(head);
-      d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
-      m0 = _mm256_loadu_ps(d + kPanel), m1 = _mm256_loadu_ps(d + kPanel + 8);
-      if constexpr (F == kQ2S) {
-        n0 = _mm256_loadu_ps(d + 2 * kPanel), n1 = _mm256_loadu_ps(d + 2 * kPanel + 8);
-        n2 = _mm256_loadu_ps(d + 3 * kPanel), n3 = _mm256_loadu_ps(d + 3 * kPanel + 8);
-      }
-    } else {
-      d0 = half8_at(head), d1 = half8_at(head + 16);
-      m0 = m1 = _mm256_setzero_ps();
-      if constexpr (has_min(F)) m0 = half8_at(head + kScaleBytes), m1 = half8_at(head + kScaleBytes + 16);
-    }
+    this->load_scales(block_head8<F>(panel, b, buf));
   }
 
   void at(int64_t kk, V& w0, V& w1) const {
-    if constexpr (!kOwnRows) {
-      plain_at(kk, w0, w1);
+    if constexpr (F == kQ8 || F == kQ4 || F == kQ4S) {
+      Base::at(kk, w0, w1);
     } else {
-      const V q0 = _mm256_cvtepi32_ps(tile_quants8<F>(quants, kk, 0)), q1 = _mm256_cvtepi32_ps(tile_quants8<F>(quants, kk, 1));
-      const bool low = kk < kQBlock / 2;
-      if constexpr (F == kQ2S) {
-        w0 = _mm256_fmadd_ps(q0, low ? d0 : m0, low ? n0 : n2);
-        w1 = _mm256_fmadd_ps(q1, low ? d1 : m1, low ? n1 : n3);
-      } else if constexpr (has_half_scales(F)) {
-        w0 = _mm256_mul_ps(q0, low ? d0 : m0);
-        w1 = _mm256_mul_ps(q1, low ? d1 : m1);
-      } else if constexpr (!has_min(F)) {
-        w0 = _mm256_mul_ps(q0, d0);
-        w1 = _mm256_mul_ps(q1, d1);
-      } else {
-        w0 = _mm256_fmadd_ps(q0, d0, m0);
-        w1 = _mm256_fmadd_ps(q1, d1, m1);
-      }
-    }
-  }
-
- private:
-  void plain_at(int64_t kk, V& w0, V& w1) const {  // QTile's own arithmetic over these scales
-    if constexpr (F == kQ8) {
-      const int8_t* q = reinterpret_cast<const int8_t*>(quants) + kk * kPanel;
-      w0 = _mm256_mul_ps(Avx2Vec::load_i8(q), d0);
-      w1 = _mm256_mul_ps(Avx2Vec::load_i8(q + 8), d1);
-    } else {
-      V q0, q1;
-      Avx2Vec::load_nibbles(quants + kk * (kPanel / 2), q0, q1);
-      w0 = _mm256_fmadd_ps(q0, d0, m0);
-      w1 = _mm256_fmadd_ps(q1, d1, m1);
+      this->combine(kk, _mm256_cvtepi32_ps(tile_quants8<F>(this->quants, kk, 0)),
+                    _mm256_cvtepi32_ps(tile_quants8<F>(this->quants, kk, 1)), w0, w1);
     }
   }
 };

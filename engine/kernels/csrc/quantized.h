@@ -302,7 +302,9 @@ inline int32_t tile_quant(const uint8_t* quants, int64_t k, int64_t c) {
   return low - quant_offset(F);
 }
 
-// One block's scales in registers; ``at(kk)`` gives row kk's 16 weights as two vectors.
+// One block's scales in registers; ``at(kk)`` gives row kk's 16 weights as two vectors. An instruction set
+// may derive its own tile (isa_avx2.cpp's QTile8) that forms the same header and quants its own way and
+// shares load_scales and combine: the same weights, bit for bit.
 template <class O, int F>
 struct QTile {
   using V = typename O::V;
@@ -312,7 +314,29 @@ struct QTile {
 
   QTile(const uint8_t* panel, int64_t b) : quants(block_quants<F>(panel, b)) {
     float buf[kHeadFloats];
-    const uint8_t* head = block_head<F>(panel, b, buf);
+    load_scales(block_head<F>(panel, b, buf));
+  }
+
+  void at(int64_t kk, V& w0, V& w1) const {
+    V q0, q1;
+    if constexpr (F == kQ8) {
+      const int8_t* q = reinterpret_cast<const int8_t*>(quants) + kk * kPanel;
+      q0 = O::load_i8(q), q1 = O::load_i8(q + kLanes);
+    } else if constexpr (F == kQ4 || F == kQ4S) {
+      O::load_nibbles(quants + kk * (kPanel / 2), q0, q1);
+    } else {
+      int8_t q[kPanel];  // the row's quants: signed values, or 5-bit ones (Q5S, Q5), from their planes
+      for (int64_t c = 0; c < kPanel; ++c) q[c] = static_cast<int8_t>(tile_quant<F>(quants, kk, c));
+      q0 = O::load_i8(q), q1 = O::load_i8(q + kLanes);
+    }
+    combine(kk, q0, q1, w0, w1);
+  }
+
+ protected:
+  explicit QTile(const uint8_t* block_quants_at) : quants(block_quants_at) {}
+
+  // the scales (and mins) of a block header as block_head forms it
+  void load_scales(const uint8_t* head) {
     if constexpr (has_formed_scales(F)) {
       const float* d = reinterpret_cast<const float*>(head);
       d0 = O::load(d);
@@ -338,35 +362,19 @@ struct QTile {
     }
   }
 
-  void at(int64_t kk, V& w0, V& w1) const {
-    if constexpr (F == kQ8) {
-      const int8_t* q = reinterpret_cast<const int8_t*>(quants) + kk * kPanel;
-      w0 = O::mul(O::load_i8(q), d0);
-      w1 = O::mul(O::load_i8(q + kLanes), d1);
-    } else if constexpr (F == kQ2S) {
-      int8_t q[kPanel];  // the row's 2-bit quants
-      for (int64_t c = 0; c < kPanel; ++c) q[c] = static_cast<int8_t>(tile_quant<F>(quants, kk, c));
-      const bool low = kk < kQBlock / 2;
-      w0 = O::fma(O::load_i8(q), low ? d0 : m0, low ? n0 : n2);
-      w1 = O::fma(O::load_i8(q + kLanes), low ? d1 : m1, low ? n1 : n3);
+  // row kk's weights from its quants as floats (q0: columns 0..7 of the panel's lanes, q1 the rest)
+  void combine(int64_t kk, V q0, V q1, V& w0, V& w1) const {
+    const bool low = kk < kQBlock / 2;
+    if constexpr (F == kQ2S) {
+      w0 = O::fma(q0, low ? d0 : m0, low ? n0 : n2);
+      w1 = O::fma(q1, low ? d1 : m1, low ? n1 : n3);
     } else if constexpr (has_half_scales(F)) {
-      int8_t q[kPanel];  // the row's quants u - offset, from their planes
-      for (int64_t c = 0; c < kPanel; ++c) q[c] = static_cast<int8_t>(tile_quant<F>(quants, kk, c));
-      w0 = O::mul(O::load_i8(q), kk < kQBlock / 2 ? d0 : m0);
-      w1 = O::mul(O::load_i8(q + kLanes), kk < kQBlock / 2 ? d1 : m1);
-    } else if constexpr (!has_min(F)) {  // IQ4, Q5Z, Q4Z
-      int8_t q[kPanel];  // the row's signed values
-      for (int64_t c = 0; c < kPanel; ++c) q[c] = static_cast<int8_t>(tile_quant<F>(quants, kk, c));
-      w0 = O::mul(O::load_i8(q), d0);
-      w1 = O::mul(O::load_i8(q + kLanes), d1);
-    } else if constexpr (has_fifth_bit(F)) {  // Q5S, Q5
-      int8_t u[kPanel];  // the row's 5-bit quants, from the nibbles and the bit plane
-      for (int64_t c = 0; c < kPanel; ++c) u[c] = static_cast<int8_t>(tile_quant<F>(quants, kk, c));
-      w0 = O::fma(O::load_i8(u), d0, m0);
-      w1 = O::fma(O::load_i8(u + kLanes), d1, m1);
-    } else {
-      V q0, q1;
-      O::load_nibbles(quants + kk * (kPanel / 2), q0, q1);
+      w0 = O::mul(q0, low ? d0 : m0);
+      w1 = O::mul(q1, low ? d1 : m1);
+    } else if constexpr (!has_min(F)) {  // Q8, IQ4, Q5Z, Q4Z
+      w0 = O::mul(q0, d0);
+      w1 = O::mul(q1, d1);
+    } else {  // Q4, Q4S, Q5S, Q5
       w0 = O::fma(q0, d0, m0);
       w1 = O::fma(q1, d1, m1);
     }
